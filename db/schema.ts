@@ -1,0 +1,138 @@
+/**
+ * The rows that hold every piece of outlive's state.
+ *
+ * Everything lives in its own Postgres schema, `outlive`, so it never collides
+ * with the application's tables and can be dropped as a unit. Migrations in
+ * `db/migrations` are generated from this file by drizzle-kit
+ * (`npm run db:generate`) and applied by `migrate()`.
+ */
+import { sql } from 'drizzle-orm';
+import {
+  bigint,
+  bigserial,
+  index,
+  integer,
+  jsonb,
+  pgSchema,
+  primaryKey,
+  text,
+  timestamp,
+  uniqueIndex,
+} from 'drizzle-orm/pg-core';
+
+export const outlive = pgSchema('outlive');
+
+/**
+ * The life of a task:
+ * - `pending`: waiting to be claimed (or, with `waiting_on > 0`, waiting for
+ *   the tasks it depends on to succeed; or, with `run_at` in the future,
+ *   backing off before its next attempt);
+ * - `running`: claimed by a pass that holds its lease until `lease_expires_at`;
+ * - `succeeded`, `failed`, `cancelled`: final;
+ * - `skipped`: final, never run because a task it depends on failed or its run
+ *   was cancelled.
+ */
+export const taskState = outlive.enum('task_state', [
+  'pending',
+  'running',
+  'succeeded',
+  'failed',
+  'cancelled',
+  'skipped',
+]);
+
+/** A run is `running` until its last task settles, then takes its outcome. */
+export const runState = outlive.enum('run_state', ['running', 'succeeded', 'failed', 'cancelled']);
+
+/** One error of one attempt, as kept in `tasks.errors`. */
+export interface TaskErrorEntry {
+  attempt: number;
+  at: string;
+  message: string;
+  name?: string;
+  stack?: string;
+}
+
+export const runs = outlive.table(
+  'runs',
+  {
+    id: bigserial('id', { mode: 'bigint' }).primaryKey(),
+    name: text('name').notNull(),
+    state: runState('state').notNull().default('running'),
+    /** Tasks of the run not yet in a final state; the run settles when it reaches 0. */
+    unfinished: integer('unfinished').notNull().default(0),
+    /** The first task that failed for good, which made the run fail. */
+    failedTaskId: bigint('failed_task_id', { mode: 'bigint' }),
+    error: text('error'),
+    createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+    updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
+    finishedAt: timestamp('finished_at', { withTimezone: true }),
+  },
+  (t) => [index('runs_created_idx').on(t.createdAt)],
+);
+
+export const tasks = outlive.table(
+  'tasks',
+  {
+    id: bigserial('id', { mode: 'bigint' }).primaryKey(),
+    name: text('name').notNull(),
+    queue: text('queue').notNull().default('default'),
+    state: taskState('state').notNull().default('pending'),
+    /** Higher runs first. */
+    priority: integer('priority').notNull().default(0),
+    input: jsonb('input').notNull(),
+    output: jsonb('output'),
+    /** Attempts started so far (a claim counts one). */
+    attempts: integer('attempts').notNull().default(0),
+    maxAttempts: integer('max_attempts').notNull(),
+    /** When the task may next be claimed: its first run, or its next attempt. */
+    runAt: timestamp('run_at', { withTimezone: true }).notNull().defaultNow(),
+    /** How long one attempt may take before its AbortSignal fires. */
+    timeoutMs: integer('timeout_ms').notNull(),
+    leaseOwner: text('lease_owner'),
+    leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }),
+    /** Idempotency key, unique per task name among unfinished tasks. */
+    key: text('key'),
+    lastError: text('last_error'),
+    errors: jsonb('errors').$type<TaskErrorEntry[]>().notNull().default(sql`'[]'::jsonb`),
+    runId: bigint('run_id', { mode: 'bigint' }).references(() => runs.id, { onDelete: 'cascade' }),
+    /** The task's name within its run (unique per run), used to wire dependencies. */
+    step: text('step'),
+    /** Dependencies not yet succeeded; the task is claimable only at 0. */
+    waitingOn: integer('waiting_on').notNull().default(0),
+    createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+    updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
+    startedAt: timestamp('started_at', { withTimezone: true }),
+    finishedAt: timestamp('finished_at', { withTimezone: true }),
+  },
+  (t) => [
+    // The claim reads only this index: ready rows, in claim order. Finished
+    // rows are not in it, so history can pile up without slowing the claim.
+    index('tasks_claim_idx')
+      .on(t.priority.desc(), t.runAt, t.id)
+      .where(sql`${t.state} = 'pending' AND ${t.waitingOn} = 0`),
+    // Recovery looks for running rows whose lease expired.
+    index('tasks_lease_idx').on(t.leaseExpiresAt).where(sql`${t.state} = 'running'`),
+    // Idempotency: one unfinished task per (name, key). Enqueue's ON CONFLICT
+    // names this predicate.
+    uniqueIndex('tasks_key_idx')
+      .on(t.name, t.key)
+      .where(sql`${t.key} IS NOT NULL AND ${t.state} IN ('pending', 'running')`),
+    uniqueIndex('tasks_run_step_idx').on(t.runId, t.step),
+    index('tasks_state_finished_idx').on(t.state, t.finishedAt),
+  ],
+);
+
+/** `task_id` may start only after `depends_on` has succeeded. */
+export const taskDeps = outlive.table(
+  'task_deps',
+  {
+    taskId: bigint('task_id', { mode: 'bigint' })
+      .notNull()
+      .references(() => tasks.id, { onDelete: 'cascade' }),
+    dependsOn: bigint('depends_on', { mode: 'bigint' })
+      .notNull()
+      .references(() => tasks.id, { onDelete: 'cascade' }),
+  },
+  (t) => [primaryKey({ columns: [t.taskId, t.dependsOn] }), index('task_deps_depends_on_idx').on(t.dependsOn)],
+);

@@ -1,0 +1,73 @@
+/**
+ * Claim: take ready tasks for one pass, so that no other pass can take them.
+ */
+import type { Executor } from './executor.js';
+
+/** A task row as a pass claimed it. */
+export interface ClaimedTask {
+  id: string;
+  name: string;
+  queue: string;
+  input: unknown;
+  /** This attempt's number (the claim counted it). */
+  attempts: number;
+  max_attempts: number;
+  timeout_ms: number;
+  run_id: string | null;
+}
+
+/** What one claim asks for. */
+export interface ClaimRequest {
+  /** The pass's lease owner, unique per pass. */
+  owner: string;
+  limit: number;
+  /** Claim only tasks whose timeout fits in what is left of the pass. */
+  maxTimeoutMs: number;
+  /** Only these queues; null for all. */
+  queues: readonly string[] | null;
+  /** Extra lease time beyond the task's timeout, to settle in. */
+  leaseGraceMs: number;
+  /** The time to claim at; null for the database's clock. */
+  now: Date | null;
+}
+
+// SKIP LOCKED lets ten passes run this at the same instant and each take
+// different rows, none waiting on another. The SELECT sits in a CTE feeding
+// the UPDATE so the LIMIT subquery runs once (inlined, the planner may
+// re-evaluate it per row and claim more than asked). The SELECT reads only
+// tasks_claim_idx, a partial index of pending rows with no unfinished
+// dependencies, in the order of this ORDER BY.
+export const CLAIM_SQL = `
+WITH ready AS (
+  SELECT id FROM outlive.tasks
+  WHERE state = 'pending' AND waiting_on = 0
+    AND run_at <= coalesce($1::timestamptz, now())
+    AND timeout_ms <= $2
+    AND ($3::text[] IS NULL OR queue = ANY($3::text[]))
+  ORDER BY priority DESC NULLS LAST, run_at, id
+  LIMIT $4
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE outlive.tasks t
+SET state = 'running',
+    attempts = t.attempts + 1,
+    lease_owner = $5,
+    lease_expires_at = coalesce($1::timestamptz, now()) + (t.timeout_ms + $6) * interval '1 millisecond',
+    started_at = coalesce($1::timestamptz, now()),
+    updated_at = coalesce($1::timestamptz, now())
+FROM ready
+WHERE t.id = ready.id
+RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.timeout_ms, t.run_id::text`;
+
+/** Claims up to `limit` ready tasks in one statement, marking them running under `owner`'s lease. */
+export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTask[]> {
+  if (req.limit <= 0) return [];
+  return db.query<ClaimedTask>(CLAIM_SQL, [
+    req.now,
+    Math.floor(req.maxTimeoutMs),
+    req.queues,
+    req.limit,
+    req.owner,
+    req.leaseGraceMs,
+  ]);
+}

@@ -1,0 +1,107 @@
+/**
+ * The one seam between the engine and database drivers.
+ *
+ * The engine speaks to an {@link Executor}: something that runs a SQL text
+ * with positional parameters and returns rows. Every driver outlive accepts is
+ * adapted here and nowhere else: node-postgres clients and pools, Neon's
+ * serverless Pool and Client (which share node-postgres' API), and drizzle
+ * databases and transactions of any Postgres driver.
+ */
+import { sql, type SQL } from 'drizzle-orm';
+
+/** Runs one statement and returns its rows. */
+export interface Executor {
+  query<R = Record<string, unknown>>(text: string, params?: readonly unknown[]): Promise<R[]>;
+}
+
+/** A node-postgres-style client, pool or pool client (pg, @neondatabase/serverless). */
+export interface Queryable {
+  query(text: string, params?: unknown[]): Promise<{ rows: unknown[] }>;
+}
+
+/** A drizzle database or transaction (node-postgres, neon-serverless, neon-http, ...). */
+export interface DrizzleExecutor {
+  execute(query: SQL): Promise<unknown>;
+}
+
+/** What `enqueue` accepts as its transaction: a pg client inside BEGIN, or a drizzle transaction. */
+export type Transactional = Queryable | DrizzleExecutor;
+
+/** A pool a pass checks clients out of (pg.Pool, Neon's Pool). */
+export interface PoolLike extends Queryable {
+  connect(): Promise<PoolClientLike>;
+}
+
+/** A client checked out of a {@link PoolLike}. */
+export interface PoolClientLike extends Queryable {
+  release(err?: Error | boolean): void;
+}
+
+/** What a pass accepts as its database: a pool, or a drizzle database built on one. */
+export type Database = PoolLike | { $client: PoolLike };
+
+function isQueryable(db: unknown): db is Queryable {
+  return typeof (db as Queryable)?.query === 'function';
+}
+
+function isDrizzle(db: unknown): db is DrizzleExecutor {
+  return typeof (db as DrizzleExecutor)?.execute === 'function';
+}
+
+/**
+ * Builds a drizzle SQL object from a `$1`-style text and its parameters, so the
+ * same statement text serves pg clients and drizzle transactions alike.
+ */
+export function toDrizzleSql(text: string, params: readonly unknown[]): SQL {
+  const parts = text.split(/\$(\d+)/);
+  const chunks: SQL[] = [];
+  for (let i = 0; i < parts.length; i++) {
+    if (i % 2 === 0) {
+      if (parts[i]) chunks.push(sql.raw(parts[i]!));
+    } else {
+      chunks.push(sql`${params[Number(parts[i]) - 1]}`);
+    }
+  }
+  return sql.join(chunks);
+}
+
+function rowsOf(result: unknown): Record<string, unknown>[] {
+  if (Array.isArray(result)) return result as Record<string, unknown>[];
+  const rows = (result as { rows?: unknown })?.rows;
+  if (Array.isArray(rows)) return rows as Record<string, unknown>[];
+  return [];
+}
+
+/** Adapts any accepted driver object to an {@link Executor}. */
+export function toExecutor(db: Transactional): Executor {
+  if (isQueryable(db)) {
+    return {
+      async query<R>(text: string, params: readonly unknown[] = []) {
+        const result = await db.query(text, params as unknown[]);
+        return result.rows as R[];
+      },
+    };
+  }
+  if (isDrizzle(db)) {
+    return {
+      async query<R>(text: string, params: readonly unknown[] = []) {
+        return rowsOf(await db.execute(toDrizzleSql(text, params))) as R[];
+      },
+    };
+  }
+  throw new TypeError(
+    'outlive: expected a pg client, a Neon client or a drizzle transaction; got ' +
+      (db === null ? 'null' : typeof db),
+  );
+}
+
+/** Finds the pool behind a pool or a drizzle database. */
+export function toPool(db: Database): PoolLike {
+  const pool = '$client' in db && db.$client ? db.$client : (db as PoolLike);
+  if (typeof pool.connect !== 'function' || typeof pool.query !== 'function') {
+    throw new TypeError(
+      'outlive: a pass needs a connection pool (pg.Pool, Neon Pool, or a drizzle database built on one)',
+    );
+  }
+  return pool;
+}

@@ -1,0 +1,28 @@
+/**
+ * outlive: durable jobs and DAG runs for serverless TypeScript, kept in
+ * Postgres rows. This file is the public door; everything else is internal.
+ */
+export { defineTask } from './task.js';
+export type { Task, TaskConfig, TaskContext, TaskHandler, TaskInput, TaskOutput, RetryPolicy, AnyTask, TaskList } from './task.js';
+export type { BackoffOptions } from './backoff.js';
+export { enqueue, enqueueMany, MAX_INPUT_BYTES } from './enqueue.js';
+export type { EnqueueOptions, EnqueueManyOptions, EnqueuedTask } from './enqueue.js';
+export { tick, PassError } from './tick.js';
+export type { TickOptions, TickReport } from './tick.js';
+export { recover } from './recover.js';
+export type { RecoverReport } from './recover.js';
+export { migrate } from './migrate.js';
+export { MAX_OUTPUT_BYTES, TaskTimeoutError } from './execute.js';
+export type { ErrorEntry } from './execute.js';
+export {
+  OutliveError,
+  InvalidEnqueueError,
+  InvalidGraphError,
+  UnknownTaskError,
+  ConfigError,
+  NonRetriableError,
+  RetryAfterError,
+} from './errors.js';
+export type { Transactional, Database, Executor } from './executor.js';
+export { toExecutor } from './executor.js';
+export type { TaskState, RunState } from './types.js';

@@ -1,0 +1,54 @@
+/**
+ * Recover: hand back tasks whose lease expired because the pass holding them
+ * died (killed, crashed, timed out by its platform).
+ */
+import type { Executor } from './executor.js';
+import type { SettledRow } from './settle.js';
+
+/** What a recovery pass did. */
+export interface RecoverReport {
+  /** Tasks put back to pending for another attempt. */
+  retried: number;
+  /** Tasks that had no attempts left and failed for good. */
+  failed: number;
+  rows: SettledRow[];
+}
+
+// The lock (FOR UPDATE SKIP LOCKED) and the recheck of state and lease in the
+// UPDATE make this a compare-and-set: a completion that commits first leaves a
+// row that no longer matches, so a recovery racing a completion never
+// overwrites it. The expired attempt counts as a failed one; its next attempt
+// backs off exponentially from 1 s (the task's own policy is code, not a row).
+export const RECOVER_SQL = `
+WITH expired AS (
+  SELECT id FROM outlive.tasks
+  WHERE state = 'running' AND lease_expires_at < coalesce($1::timestamptz, now())
+  ORDER BY lease_expires_at
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE outlive.tasks t
+SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'pending' END::outlive.task_state,
+    run_at = CASE WHEN t.attempts >= t.max_attempts THEN t.run_at
+                  ELSE coalesce($1::timestamptz, now()) + least(3600000, 1000 * 2 ^ least(t.attempts - 1, 30)) * interval '1 millisecond' END,
+    last_error = 'lease expired: the pass running attempt ' || t.attempts || ' stopped before settling it',
+    errors = t.errors || jsonb_build_array(jsonb_build_object(
+      'attempt', t.attempts,
+      'at', coalesce($1::timestamptz, now()),
+      'name', 'LeaseExpired',
+      'message', 'lease expired: the pass running attempt ' || t.attempts || ' stopped before settling it')),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN t.attempts >= t.max_attempts THEN coalesce($1::timestamptz, now()) END,
+    updated_at = coalesce($1::timestamptz, now())
+FROM expired
+WHERE t.id = expired.id AND t.state = 'running' AND t.lease_expires_at < coalesce($1::timestamptz, now())
+RETURNING t.id::text, t.state::text, t.run_id::text`;
+
+/** Recovers up to `limit` tasks whose lease expired before `now` (the database's clock when null). */
+export async function recover(db: Executor, now: Date | null, limit = 1000): Promise<RecoverReport> {
+  const rows = await db.query<SettledRow>(RECOVER_SQL, [now, limit]);
+  let failed = 0;
+  for (const r of rows) if (r.state === 'failed') failed++;
+  return { retried: rows.length - failed, failed, rows };
+}

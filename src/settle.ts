@@ -1,0 +1,58 @@
+/**
+ * Settle: write the outcomes of finished attempts back to their rows.
+ *
+ * Every settle is a compare-and-set on state and lease owner. A pass whose
+ * lease was lost (recovered after expiring, or its task cancelled) matches no
+ * row, and its late result is dropped: it cannot overwrite what happened since.
+ */
+import type { Executor } from './executor.js';
+import type { Outcome } from './execute.js';
+
+/** A row a settle changed. */
+export interface SettledRow {
+  id: string;
+  state: 'pending' | 'succeeded' | 'failed';
+  run_id: string | null;
+}
+
+// One statement settles a whole batch, whatever mix of successes, retries and
+// failures it holds: outcomes travel as parallel arrays and unnest into rows.
+// Under load this folds the settles of every task that finished while the
+// previous settle was in flight into one round trip and one commit.
+export const SETTLE_SQL = `
+UPDATE outlive.tasks t
+SET state = s.state::outlive.task_state,
+    output = CASE WHEN s.state = 'succeeded' THEN s.output ELSE t.output END,
+    run_at = CASE WHEN s.state = 'pending'
+                  THEN coalesce(s.retry_at, coalesce($1::timestamptz, now()) + s.delay_ms * interval '1 millisecond')
+                  ELSE t.run_at END,
+    last_error = coalesce(s.error ->> 'message', t.last_error),
+    errors = CASE WHEN s.error IS NULL THEN t.errors ELSE t.errors || jsonb_build_array(s.error) END,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN s.state = 'pending' THEN NULL ELSE coalesce($1::timestamptz, now()) END,
+    updated_at = coalesce($1::timestamptz, now())
+FROM unnest($2::bigint[], $3::text[], $4::jsonb[], $5::timestamptz[], $6::float8[], $7::jsonb[])
+     AS s(id, state, output, retry_at, delay_ms, error)
+WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $8
+RETURNING t.id::text, t.state::text, t.run_id::text`;
+
+/** Settles a batch of outcomes held under `owner`'s lease; returns the rows it changed. */
+export async function settle(db: Executor, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
+  if (outcomes.length === 0) return [];
+  const ids: string[] = [];
+  const states: string[] = [];
+  const outputs: (string | null)[] = [];
+  const retryAts: (Date | null)[] = [];
+  const delays: number[] = [];
+  const errors: (string | null)[] = [];
+  for (const o of outcomes) {
+    ids.push(o.id);
+    states.push(o.state);
+    outputs.push(o.state === 'succeeded' ? o.output : null);
+    retryAts.push(o.state === 'pending' ? o.retryAt : null);
+    delays.push(o.state === 'pending' ? o.delayMs : 0);
+    errors.push(o.state === 'succeeded' ? null : JSON.stringify(o.error));
+  }
+  return db.query<SettledRow>(SETTLE_SQL, [now, ids, states, outputs, retryAts, delays, errors, owner]);
+}

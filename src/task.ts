@@ -1,0 +1,157 @@
+/**
+ * Defining a task: a name, a zod schema for its input, a handler, and how it
+ * retries. Types flow from the schema to the handler and to `enqueue`.
+ */
+import type { z } from 'zod';
+import { ConfigError } from './errors.js';
+import type { BackoffOptions } from './backoff.js';
+
+/** What a handler sees of the task it runs. */
+export interface TaskContext {
+  /** The task row's id. */
+  readonly taskId: string;
+  /** This attempt's number, from 1. */
+  readonly attempt: number;
+  readonly maxAttempts: number;
+  readonly queue: string;
+  /** The run this task belongs to, or null for a standalone task. */
+  readonly runId: string | null;
+  /**
+   * Fires when the task's timeout is reached or its run is cancelled. Pass it
+   * to fetch and friends; a handler that ignores it is abandoned at its
+   * timeout, and its late result is discarded.
+   */
+  readonly signal: AbortSignal;
+}
+
+/** A task handler: takes the parsed input, returns the output to store. */
+export type TaskHandler<I, O> = (input: I, ctx: TaskContext) => Promise<O> | O;
+
+/** How a task retries when its handler throws. */
+export interface RetryPolicy {
+  /** Attempts in all, including the first. Default 5. */
+  maxAttempts?: number;
+  /** Delay before attempt n+1: exponential options, or a function of the failed attempt's number. */
+  backoff?: BackoffOptions | ((attempt: number) => number);
+}
+
+/** Everything `defineTask` takes. */
+export interface TaskConfig<S extends z.ZodType, O> {
+  /** Unique among the tasks a pass runs; stored in every row. */
+  name: string;
+  /** Validates input at enqueue (nothing is written if it fails) and again before the handler runs. */
+  input: S;
+  run: TaskHandler<z.output<S>, O>;
+  retry?: RetryPolicy;
+  /** How long one attempt may run before its signal aborts it. Default 15 s. */
+  timeoutMs?: number;
+  /** Default queue for this task's rows. Default `"default"`. */
+  queue?: string;
+  /** Default priority; higher runs first. Default 0. */
+  priority?: number;
+}
+
+/** A defined task. Pass it to `enqueue` and to the passes that run it. */
+export interface Task<S extends z.ZodType = z.ZodType, O = unknown> {
+  readonly name: string;
+  readonly input: S;
+  readonly run: TaskHandler<z.output<S>, O>;
+  readonly maxAttempts: number;
+  readonly backoff: BackoffOptions | ((attempt: number) => number);
+  readonly timeoutMs: number;
+  readonly queue: string;
+  readonly priority: number;
+}
+
+/** The input type `enqueue` takes for a task. */
+export type TaskInput<T> = T extends Task<infer S, unknown> ? z.input<S> : never;
+/** The output type a task's handler returns. */
+export type TaskOutput<T> = T extends Task<z.ZodType, infer O> ? Awaited<O> : never;
+
+/** Any task, whatever its types. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type AnyTask = Task<any, any>;
+
+/** Largest number of attempts a task may have. Keeps a row's error history bounded. */
+export const MAX_ATTEMPTS_LIMIT = 1000;
+/** Longest timeout a task may declare: a day. */
+export const MAX_TIMEOUT_MS = 86_400_000;
+
+const NAME_PATTERN = /^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,199}$/;
+
+/** Checks a task or queue name, with a message that says what is allowed. */
+export function checkName(kind: 'task' | 'queue', name: unknown): string {
+  if (typeof name !== 'string' || !NAME_PATTERN.test(name)) {
+    throw new ConfigError(
+      `outlive: ${kind} name ${JSON.stringify(name)} is invalid: use 1-200 characters of letters, digits and _ . : / -, not starting with a symbol`,
+    );
+  }
+  return name;
+}
+
+/** Checks a max-attempts value. */
+export function checkMaxAttempts(value: unknown, where: string, ErrorType: new (m: string) => Error = ConfigError): number {
+  if (!Number.isInteger(value) || (value as number) < 1 || (value as number) > MAX_ATTEMPTS_LIMIT) {
+    throw new ErrorType(`outlive: ${where}: maxAttempts must be a whole number from 1 to ${MAX_ATTEMPTS_LIMIT}, got ${String(value)}`);
+  }
+  return value as number;
+}
+
+/**
+ * Defines a task.
+ *
+ * ```ts
+ * const sendWelcome = defineTask({
+ *   name: 'send-welcome',
+ *   input: z.object({ userId: z.string() }),
+ *   retry: { maxAttempts: 8, backoff: { baseMs: 2_000 } },
+ *   async run({ userId }, ctx) {
+ *     await mailer.send(userId, { signal: ctx.signal });
+ *     return { sentAt: new Date().toISOString() };
+ *   },
+ * });
+ * ```
+ */
+export function defineTask<S extends z.ZodType, O>(config: TaskConfig<S, O>): Task<S, O> {
+  const name = checkName('task', config.name);
+  if (!config.input || typeof (config.input as z.ZodType).safeParse !== 'function') {
+    throw new ConfigError(`outlive: task "${name}" needs an input schema: pass a zod schema as \`input\` (z.object({...}))`);
+  }
+  if (typeof config.run !== 'function') {
+    throw new ConfigError(`outlive: task "${name}" needs a handler: pass \`run: async (input, ctx) => output\``);
+  }
+  const maxAttempts = checkMaxAttempts(config.retry?.maxAttempts ?? 5, `task "${name}"`);
+  const timeoutMs = config.timeoutMs ?? 15_000;
+  if (!Number.isInteger(timeoutMs) || timeoutMs < 1 || timeoutMs > MAX_TIMEOUT_MS) {
+    throw new ConfigError(`outlive: task "${name}": timeoutMs must be a whole number of milliseconds from 1 to ${MAX_TIMEOUT_MS}`);
+  }
+  const priority = config.priority ?? 0;
+  if (!Number.isInteger(priority)) throw new ConfigError(`outlive: task "${name}": priority must be a whole number`);
+  return Object.freeze({
+    name,
+    input: config.input,
+    run: config.run,
+    maxAttempts,
+    backoff: config.retry?.backoff ?? {},
+    timeoutMs,
+    queue: checkName('queue', config.queue ?? 'default'),
+    priority,
+  });
+}
+
+/** Tasks a pass can run, found by name. */
+export type TaskList = readonly AnyTask[] | ReadonlyMap<string, AnyTask>;
+
+/** Indexes a task list by name, refusing two definitions under one name. */
+export function taskRegistry(tasks: TaskList): ReadonlyMap<string, AnyTask> {
+  if (tasks instanceof Map) return tasks;
+  const map = new Map<string, AnyTask>();
+  for (const task of tasks as readonly AnyTask[]) {
+    const existing = map.get(task.name);
+    if (existing && existing !== task) {
+      throw new ConfigError(`outlive: two tasks are named "${task.name}": task names must be unique`);
+    }
+    map.set(task.name, task);
+  }
+  return map;
+}

@@ -1,0 +1,223 @@
+/**
+ * The tick: one bounded pass of work. Recover what dead passes left, then
+ * claim ready tasks in batches, run them concurrently up to a limit, settle
+ * them, and stop claiming when the time budget is nearly spent, so the pass
+ * returns before its platform would kill it.
+ *
+ * A cron route, a webhook, a test and a long-lived worker all drive the engine
+ * through this one function.
+ */
+import { claim, type ClaimedTask } from './claim.js';
+import { ConfigError, OutliveError, toError } from './errors.js';
+import { execute, type Outcome } from './execute.js';
+import { toExecutor, toPool, type Database } from './executor.js';
+import { recover } from './recover.js';
+import { settle } from './settle.js';
+import { checkName, taskRegistry, type TaskList } from './task.js';
+
+/** Options of one pass. */
+export interface TickOptions {
+  /** The tasks this pass can run. A claimed row whose name is not here fails, naming it. */
+  tasks: TaskList;
+  /** Wall-clock budget of the pass in ms. Default 30 s. Only tasks whose timeout fits in what is left are claimed. */
+  budgetMs?: number;
+  /** Handlers running at once. Default 10. */
+  concurrency?: number;
+  /** Claim only from these queues. Default: all. */
+  queues?: readonly string[];
+  /** Run the recovery of expired leases first. Default true. */
+  recover?: boolean;
+  /** Stop claiming after this many tasks. */
+  maxTasks?: number;
+  /** The time the pass acts at, for tests; default: the database's clock. */
+  now?: Date;
+  /** Prefix of the lease owner, to tell passes apart in rows. Default "pass". */
+  owner?: string;
+  /** Lease time beyond a task's timeout, for its settle to land. Default 5 s. */
+  leaseGraceMs?: number;
+  /** Time kept back at the end of the budget for the last settles. Default 250 ms. */
+  reserveMs?: number;
+  /** Aborting stops claiming and fires the signal of running handlers. */
+  signal?: AbortSignal;
+}
+
+/** What one pass did. */
+export interface TickReport {
+  /** The lease owner this pass used. */
+  owner: string;
+  claimed: number;
+  succeeded: number;
+  /** Attempts that failed and were scheduled to run again. */
+  retried: number;
+  /** Tasks that failed for good. */
+  failed: number;
+  /** Tasks with expired leases handed back (or failed) by recovery. */
+  recovered: number;
+  /** Outcomes dropped because the lease was lost before settling. */
+  lostLeases: number;
+  durationMs: number;
+  /** Why the pass ended. */
+  stoppedBy: 'drained' | 'budget' | 'maxTasks' | 'signal';
+}
+
+/** Thrown when the database failed under a pass; `report` says what it did before. */
+export class PassError extends OutliveError {
+  constructor(
+    message: string,
+    readonly report: TickReport,
+    options: { cause: unknown },
+  ) {
+    super(message, options);
+  }
+}
+
+function positiveInt(name: string, value: number | undefined, fallback: number): number {
+  const v = value ?? fallback;
+  if (!Number.isInteger(v) || v < 1) throw new ConfigError(`outlive: tick option ${name} must be a whole number >= 1, got ${String(value)}`);
+  return v;
+}
+
+/**
+ * Runs one bounded pass over `db` (a pg or Neon Pool, or a drizzle database
+ * built on one) and reports what it did.
+ *
+ * ```ts
+ * const report = await tick(pool, { tasks: [sendWelcome], budgetMs: 20_000 });
+ * ```
+ */
+export async function tick(db: Database, options: TickOptions): Promise<TickReport> {
+  const started = performance.now();
+  const pool = toPool(db);
+  const exec = toExecutor(pool);
+  const registry = taskRegistry(options.tasks);
+  const budgetMs = positiveInt('budgetMs', options.budgetMs, 30_000);
+  const concurrency = positiveInt('concurrency', options.concurrency, 10);
+  const maxTasks = options.maxTasks === undefined ? Infinity : positiveInt('maxTasks', options.maxTasks, 1);
+  const leaseGraceMs = options.leaseGraceMs ?? 5_000;
+  const reserveMs = options.reserveMs ?? 250;
+  const queues = options.queues ? options.queues.map((q) => checkName('queue', q)) : null;
+  const now = options.now ?? null;
+  const owner = `${options.owner ?? 'pass'}:${globalThis.crypto.randomUUID()}`;
+  const deadline = started + budgetMs - reserveMs;
+
+  const report: TickReport = {
+    owner,
+    claimed: 0,
+    succeeded: 0,
+    retried: 0,
+    failed: 0,
+    recovered: 0,
+    lostLeases: 0,
+    durationMs: 0,
+    stoppedBy: 'drained',
+  };
+  let dbError: unknown = null;
+
+  // Progress (a handler finishing, a settle landing) wakes the claim loop.
+  let wake: (() => void) | null = null;
+  const progress = () => {
+    const w = wake;
+    wake = null;
+    w?.();
+  };
+  const nextProgress = () => new Promise<void>((resolve) => (wake = resolve));
+
+  let running = 0;
+  let unsettled = 0;
+  const queue: Outcome[] = [];
+  let flushing: Promise<void> | null = null;
+
+  // Settles are batched: while one settle statement is in flight, outcomes of
+  // handlers that finish meanwhile wait and go together in the next one.
+  const flush = (): Promise<void> => {
+    if (flushing) return flushing;
+    flushing = (async () => {
+      while (queue.length > 0) {
+        const batch = queue.splice(0, queue.length);
+        try {
+          const rows = await settle(exec, owner, batch, now);
+          for (const r of rows) {
+            if (r.state === 'succeeded') report.succeeded++;
+            else if (r.state === 'pending') report.retried++;
+            else report.failed++;
+          }
+          report.lostLeases += batch.length - rows.length;
+        } catch (err) {
+          // The rows keep their leases; recovery hands them back after expiry.
+          dbError ??= err;
+        }
+        unsettled -= batch.length;
+        progress();
+      }
+      flushing = null;
+    })();
+    return flushing;
+  };
+
+  const start = (row: ClaimedTask) => {
+    running++;
+    unsettled++;
+    void execute(registry.get(row.name), row, { signal: options.signal }).then((outcome) => {
+      running--;
+      queue.push(outcome);
+      void flush();
+      progress();
+    });
+  };
+
+  try {
+    if (options.recover !== false) {
+      const r = await recover(exec, now);
+      report.recovered = r.rows.length;
+    }
+    // Claim in batches of at least half the slots, so a busy pass does not
+    // pay one claim round trip per finished task.
+    const minBatch = Math.max(1, Math.floor(concurrency / 2));
+    for (;;) {
+      if (options.signal?.aborted) {
+        report.stoppedBy = 'signal';
+        break;
+      }
+      const remaining = deadline - performance.now();
+      if (remaining <= 0) {
+        report.stoppedBy = 'budget';
+        break;
+      }
+      if (report.claimed >= maxTasks) {
+        report.stoppedBy = 'maxTasks';
+        break;
+      }
+      const free = concurrency - running;
+      if (free >= minBatch || running === 0) {
+        const rows = await claim(exec, {
+          owner,
+          limit: Math.min(free, maxTasks - report.claimed),
+          maxTimeoutMs: remaining,
+          queues,
+          leaseGraceMs,
+          now,
+        });
+        report.claimed += rows.length;
+        for (const row of rows) start(row);
+        if (rows.length === 0 && running === 0 && unsettled === 0) break;
+        if (rows.length > 0 && running < concurrency) continue;
+      }
+      await nextProgress();
+    }
+  } catch (err) {
+    dbError ??= err;
+  }
+
+  // Let what was claimed finish (each handler is bounded by its timeout,
+  // which the claim made sure fits in the budget) and settle.
+  while (running > 0 || unsettled > 0) {
+    await nextProgress();
+  }
+  await flush();
+  report.durationMs = Math.round(performance.now() - started);
+  if (dbError) {
+    const err = toError(dbError);
+    throw new PassError(`outlive: the pass ${owner} hit a database error: ${err.message}`, report, { cause: err });
+  }
+  return report;
+}

@@ -1,0 +1,25 @@
+import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { defineTask, enqueue, tick } from '../src/index.js';
+import { freshDb } from './support/db.js';
+
+const db = await freshDb();
+
+describe('a task, end to end', () => {
+  it('is enqueued in a transaction, claimed by a pass and its output stored', async () => {
+    const double = defineTask({
+      name: 'double',
+      input: z.object({ n: z.number() }),
+      run: ({ n }) => ({ doubled: n * 2 }),
+    });
+    const client = await db.pool.connect();
+    await client.query('BEGIN');
+    const t = await enqueue(client, double, { n: 21 });
+    await client.query('COMMIT');
+    client.release();
+    const report = await tick(db.pool, { tasks: [double] });
+    expect(report).toMatchObject({ claimed: 1, succeeded: 1, failed: 0, retried: 0, stoppedBy: 'drained' });
+    const [row] = await db.rows(`SELECT state::text, output, attempts FROM outlive.tasks WHERE id = $1`, [t.id]);
+    expect(row).toEqual({ state: 'succeeded', output: { doubled: 42 }, attempts: 1 });
+  });
+});

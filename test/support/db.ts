@@ -1,0 +1,46 @@
+/**
+ * Per-file databases: each test file gets a fresh database cloned from the
+ * migrated template, and a pool on it.
+ */
+import pg from 'pg';
+import { afterAll, inject } from 'vitest';
+
+/** What a test needs: a pool on its own fresh database, and its URL. */
+export interface TestDb {
+  pool: pg.Pool;
+  url: string;
+  /** Runs one query on the pool and returns its rows. */
+  rows<R = Record<string, unknown>>(text: string, params?: unknown[]): Promise<R[]>;
+}
+
+let counter = 0;
+
+/**
+ * Creates a fresh migrated database for this test file; dropped after the file.
+ * Call it at the top level of the file (`const db = await freshDb()`), so its
+ * afterAll is registered.
+ */
+export async function freshDb(): Promise<TestDb> {
+  const adminUrl = inject('pgUrl');
+  const name = `outlive_t_${process.pid}_${Date.now().toString(36)}_${counter++}`;
+  const admin = new pg.Client({ connectionString: adminUrl });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${name} TEMPLATE ${inject('templateDb')}`);
+  await admin.end();
+  const u = new URL(adminUrl);
+  u.pathname = `/${name}`;
+  const url = u.toString();
+  const pool = new pg.Pool({ connectionString: url, max: 20 });
+  afterAll(async () => {
+    await pool.end();
+    const drop = new pg.Client({ connectionString: adminUrl });
+    await drop.connect();
+    await drop.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+    await drop.end();
+  });
+  return {
+    pool,
+    url,
+    rows: async (text, params) => (await pool.query(text, params)).rows,
+  };
+}

@@ -1,0 +1,73 @@
+/**
+ * Vitest global setup: one PostgreSQL for the whole run, and a migrated
+ * template database that every test file clones (CREATE DATABASE ... TEMPLATE
+ * is much faster than migrating afresh).
+ */
+import pg from 'pg';
+import type { TestProject } from 'vitest/node';
+import { migrate } from '../../src/migrate.js';
+import { startPostgres, type RunningPostgres } from './postgres.js';
+
+// Named for this run, so runs sharing one server (a developer's and CI's) never collide.
+export const TEMPLATE_DB = `outlive_tpl_${process.pid}`;
+
+let server: RunningPostgres | undefined;
+
+export default async function setup(project: TestProject) {
+  server = await startPostgres({
+    url: process.env.TEST_DATABASE_URL ?? process.env.DATABASE_URL,
+    dataDir: `.data/test-pg-${process.pid}`,
+  });
+  try {
+    await prepareTemplate(project, server);
+  } catch (err) {
+    await server.stop();
+    throw err;
+  }
+  return async () => {
+    if (!server) return;
+    if (!server.embedded) await dropTemplate(server.url);
+    await server.stop();
+  };
+}
+
+async function prepareTemplate(project: TestProject, server: RunningPostgres) {
+  const admin = new pg.Client({ connectionString: server.url });
+  await admin.connect();
+  // Databases left by earlier runs that were killed (their process is gone).
+  const stale = await admin.query(`SELECT datname FROM pg_database WHERE datname ~ '^outlive_(tpl|t)_[0-9]+'`);
+  for (const { datname } of stale.rows) {
+    const pid = Number(/^outlive_(?:tpl|t)_(\d+)/.exec(datname)?.[1]);
+    if (!isAlive(pid)) await admin.query(`DROP DATABASE IF EXISTS "${datname}" WITH (FORCE)`);
+  }
+  await admin.query(`CREATE DATABASE ${TEMPLATE_DB}`);
+  await migrate(server.urlFor(TEMPLATE_DB));
+  const version = await admin.query('SHOW server_version');
+  await admin.end();
+  console.log(`outlive tests: PostgreSQL ${version.rows[0].server_version} (${server.embedded ? 'embedded' : server.url.replace(/:[^:@/]*@/, ':***@')})`);
+  project.provide('pgUrl', server.url);
+  project.provide('templateDb', TEMPLATE_DB);
+}
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function dropTemplate(url: string) {
+  const admin = new pg.Client({ connectionString: url });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${TEMPLATE_DB} WITH (FORCE)`);
+  await admin.end();
+}
+
+declare module 'vitest' {
+  export interface ProvidedContext {
+    pgUrl: string;
+    templateDb: string;
+  }
+}
