@@ -5,7 +5,7 @@
  * lease was lost (recovered after expiring, or its task cancelled) matches no
  * row, and its late result is dropped: it cannot overwrite what happened since.
  */
-import type { Executor } from './executor.js';
+import { toExecutor, type PoolLike } from './executor.js';
 import type { Outcome } from './execute.js';
 
 /** A row a settle changed. */
@@ -38,7 +38,7 @@ WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $8
 RETURNING t.id::text, t.state::text, t.run_id::text`;
 
 /** Settles a batch of outcomes held under `owner`'s lease; returns the rows it changed. */
-export async function settle(db: Executor, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
+export async function settle(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
   if (outcomes.length === 0) return [];
   const ids: string[] = [];
   const states: string[] = [];
@@ -54,5 +54,5 @@ export async function settle(db: Executor, owner: string, outcomes: readonly Out
     delays.push(o.state === 'pending' ? o.delayMs : 0);
     errors.push(o.state === 'succeeded' ? null : JSON.stringify(o.error));
   }
-  return db.query<SettledRow>(SETTLE_SQL, [now, ids, states, outputs, retryAts, delays, errors, owner]);
+  return toExecutor(pool).query<SettledRow>(SETTLE_SQL, [now, ids, states, outputs, retryAts, delays, errors, owner]);
 }

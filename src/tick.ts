@@ -135,7 +135,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       while (queue.length > 0) {
         const batch = queue.splice(0, queue.length);
         try {
-          const rows = await settle(exec, owner, batch, now);
+          const rows = await settle(pool, owner, batch, now);
           for (const r of rows) {
             if (r.state === 'succeeded') report.succeeded++;
             else if (r.state === 'pending') report.retried++;
