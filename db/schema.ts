@@ -119,7 +119,9 @@ export const tasks = outlive.table(
       .on(t.name, t.key)
       .where(sql`${t.key} IS NOT NULL AND ${t.state} IN ('pending', 'running')`),
     uniqueIndex('tasks_run_step_idx').on(t.runId, t.step),
-    index('tasks_state_finished_idx').on(t.state, t.finishedAt),
+    // Retention walks finished rows by age; unfinished rows stay out of this
+    // index so the planner never prefers it over the claim index.
+    index('tasks_state_finished_idx').on(t.state, t.finishedAt).where(sql`${t.finishedAt} IS NOT NULL`),
   ],
 );
 

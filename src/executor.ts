@@ -59,7 +59,8 @@ export function toDrizzleSql(text: string, params: readonly unknown[]): SQL {
     if (i % 2 === 0) {
       if (parts[i]) chunks.push(sql.raw(parts[i]!));
     } else {
-      chunks.push(sql`${params[Number(parts[i]) - 1]}`);
+      // sql.param keeps an array one parameter (a bare ${array} would expand to a list).
+      chunks.push(sql`${sql.param(params[Number(parts[i]) - 1])}`);
     }
   }
   return sql.join(chunks);

@@ -55,4 +55,4 @@ CREATE INDEX "tasks_claim_idx" ON "outlive"."tasks" USING btree ("priority" DESC
 CREATE INDEX "tasks_lease_idx" ON "outlive"."tasks" USING btree ("lease_expires_at") WHERE "outlive"."tasks"."state" = 'running';--> statement-breakpoint
 CREATE UNIQUE INDEX "tasks_key_idx" ON "outlive"."tasks" USING btree ("name","key") WHERE "outlive"."tasks"."key" IS NOT NULL AND "outlive"."tasks"."state" IN ('pending', 'running');--> statement-breakpoint
 CREATE UNIQUE INDEX "tasks_run_step_idx" ON "outlive"."tasks" USING btree ("run_id","step");--> statement-breakpoint
-CREATE INDEX "tasks_state_finished_idx" ON "outlive"."tasks" USING btree ("state","finished_at");
+CREATE INDEX "tasks_state_finished_idx" ON "outlive"."tasks" USING btree ("state","finished_at") WHERE "outlive"."tasks"."finished_at" IS NOT NULL;

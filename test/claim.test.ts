@@ -1,0 +1,104 @@
+import pg from 'pg';
+import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { defineTask, enqueue, enqueueMany, tick } from '../src/index.js';
+import { claim } from '../src/claim.js';
+import { toExecutor } from '../src/executor.js';
+import { freshDb } from './support/db.js';
+import { countByState, createEffects, recordingTask } from './support/tasks.js';
+
+const db = await freshDb();
+await createEffects(db.pool);
+
+describe('claim', () => {
+  it('10 passes at once over 2,000 tasks run every task exactly once', async () => {
+    const record = recordingTask(db.pool);
+    await enqueueMany(db.pool, record, Array.from({ length: 2_000 }, (_, n) => ({ n })));
+    // Each pass is its own "process": its own pool, its own lease owner.
+    const pools = Array.from({ length: 10 }, () => new pg.Pool({ connectionString: db.url, max: 3 }));
+    const reports = await Promise.all(pools.map((pool) => tick(pool, { tasks: [record], concurrency: 8 })));
+    await Promise.all(pools.map((p) => p.end()));
+
+    expect(reports.reduce((s, r) => s + r.claimed, 0)).toBe(2_000);
+    expect(reports.reduce((s, r) => s + r.succeeded, 0)).toBe(2_000);
+    expect(reports.filter((r) => r.claimed > 0).length).toBeGreaterThan(1);
+    // The unique constraint on effects would have failed a second run; check the count too.
+    const [{ n }] = await db.rows<{ n: number }>('SELECT count(*)::int AS n FROM effects');
+    expect(n).toBe(2_000);
+    expect(await countByState(db.pool)).toEqual({ succeeded: 2_000 });
+    const [{ max }] = await db.rows<{ max: number }>('SELECT max(attempts) AS max FROM outlive.tasks');
+    expect(max).toBe(1);
+  });
+
+  it('concurrent claims take disjoint rows and none waits on another', async () => {
+    await db.pool.query('DELETE FROM outlive.tasks');
+    const noop = defineTask({ name: 'noop', input: z.object({ i: z.number() }), run: () => null });
+    await enqueueMany(db.pool, noop, Array.from({ length: 100 }, (_, i) => ({ i })));
+    // Hold 10 rows locked in an open claim transaction; other claims skip them instead of waiting.
+    const holder = await db.pool.connect();
+    await holder.query('BEGIN');
+    const held = await toExecutor(holder).query<{ id: string }>(
+      `SELECT id::text FROM outlive.tasks ORDER BY id LIMIT 10 FOR UPDATE`,
+    );
+    const claims = await Promise.all(
+      Array.from({ length: 9 }, (_, k) =>
+        claim(toExecutor(db.pool), { owner: `c${k}`, limit: 10, maxTimeoutMs: 60_000, queues: null, leaseGraceMs: 1000, now: null }),
+      ),
+    );
+    await holder.query('ROLLBACK');
+    holder.release();
+    const ids = claims.flat().map((r) => r.id);
+    expect(ids).toHaveLength(90);
+    expect(new Set(ids).size).toBe(90);
+    expect(ids.some((id) => held.some((h) => h.id === id))).toBe(false);
+  });
+
+  it('claims higher priority first, then earlier run_at, and only ready rows', async () => {
+    await db.pool.query('DELETE FROM outlive.tasks');
+    const order: string[] = [];
+    const t = defineTask({ name: 'ordered', input: z.object({ label: z.string() }), run: ({ label }) => void order.push(label) });
+    const base = new Date('2026-01-01T00:00:00Z');
+    await enqueue(db.pool, t, { label: 'low-early' }, { priority: 0, runAt: new Date(base.getTime() - 2000) });
+    await enqueue(db.pool, t, { label: 'high' }, { priority: 5, runAt: base });
+    await enqueue(db.pool, t, { label: 'low-late' }, { priority: 0, runAt: new Date(base.getTime() - 1000) });
+    await enqueue(db.pool, t, { label: 'future' }, { priority: 9, runAt: new Date(base.getTime() + 60_000) });
+    await tick(db.pool, { tasks: [t], concurrency: 1, now: base });
+    expect(order).toEqual(['high', 'low-early', 'low-late']);
+  });
+
+  it('claims only the queues it is given', async () => {
+    await db.pool.query('DELETE FROM outlive.tasks');
+    const t = defineTask({ name: 'queued', input: z.object({}), run: () => null });
+    await enqueue(db.pool, t, {}, { queue: 'a' });
+    await enqueue(db.pool, t, {}, { queue: 'b' });
+    const report = await tick(db.pool, { tasks: [t], queues: ['b'] });
+    expect(report.claimed).toBe(1);
+    const rows = await db.rows<{ queue: string; state: string }>(`SELECT queue, state::text FROM outlive.tasks ORDER BY queue`);
+    expect(rows).toEqual([
+      { queue: 'a', state: 'pending' },
+      { queue: 'b', state: 'succeeded' },
+    ]);
+  });
+
+  it('reads the partial claim index however many finished rows pile up', async () => {
+    await db.pool.query('DELETE FROM outlive.tasks');
+    await db.pool.query(`
+      INSERT INTO outlive.tasks (name, state, input, max_attempts, timeout_ms, finished_at)
+      SELECT 'done', 'succeeded', '{}', 1, 1000, now() FROM generate_series(1, 20000)`);
+    await db.pool.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) SELECT 'todo', '{}', 1, 1000 FROM generate_series(1, 5)`);
+    await db.pool.query('ANALYZE outlive.tasks');
+    const { CLAIM_SQL } = await import('../src/claim.js');
+    const client = await db.pool.connect();
+    try {
+      await client.query('BEGIN');
+      const plan = (await client.query(`EXPLAIN ${CLAIM_SQL}`, [null, 60_000, null, 10, 'explain', 1000])).rows
+        .map((r) => r['QUERY PLAN'])
+        .join('\n');
+      await client.query('ROLLBACK');
+      expect(plan).toMatch(/Index Scan using tasks_claim_idx/);
+      expect(plan).not.toMatch(/Seq Scan on tasks/);
+    } finally {
+      client.release();
+    }
+  });
+});
