@@ -56,7 +56,11 @@ export interface TickReport {
   /** Outcomes dropped because the lease was lost before settling. */
   lostLeases: number;
   durationMs: number;
-  /** Why the pass ended. */
+  /**
+   * Why the pass ended: `drained` when no ready task's timeout fitted in what
+   * was left of the budget (usually: none was ready), `budget` when the time
+   * ran out, `maxTasks`, or `signal` when aborted.
+   */
   stoppedBy: 'drained' | 'budget' | 'maxTasks' | 'signal';
 }
 

@@ -5,7 +5,7 @@ import { freshDb } from './support/db.js';
 
 const db = await freshDb();
 
-describe('a task, end to end', () => {
+describe('tick', () => {
   it('is enqueued in a transaction, claimed by a pass and its output stored', async () => {
     const double = defineTask({
       name: 'double',

@@ -1,0 +1,184 @@
+import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { defineTask, enqueue, recover, tick } from '../src/index.js';
+import { toExecutor } from '../src/executor.js';
+import { RECOVER_SQL } from '../src/recover.js';
+import { SETTLE_SQL } from '../src/settle.js';
+import { freshDb } from './support/db.js';
+import { taskRow } from './support/tasks.js';
+
+const db = await freshDb();
+const T0 = new Date('2026-05-01T08:00:00Z');
+const at = (ms: number) => new Date(T0.getTime() + ms);
+
+async function clear() {
+  await db.pool.query('DELETE FROM outlive.tasks');
+}
+
+/** A task whose handler waits until the test lets it go. */
+function gatedTask(name: string) {
+  const gates: Array<() => void> = [];
+  const started: string[] = [];
+  const task = defineTask({
+    name,
+    input: z.object({}),
+    timeoutMs: 10_000,
+    run: async (_i, ctx) => {
+      started.push(`${ctx.taskId}#${ctx.attempt}`);
+      await new Promise<void>((resolve) => gates.push(resolve));
+      return { attempt: ctx.attempt };
+    },
+  });
+  const untilStarted = async (n: number) => {
+    while (started.length < n) await new Promise((r) => setTimeout(r, 5));
+  };
+  return { task, gates, started, untilStarted };
+}
+
+describe('recover', () => {
+  it('hands back a task whose lease expired, counting the dead attempt', async () => {
+    await clear();
+    const t = defineTask({ name: 'r', input: z.object({}), timeoutMs: 1_000, retry: { maxAttempts: 3 }, run: () => 'done' });
+    const { id } = await enqueue(db.pool, t, {});
+    // A pass that died: the row is running under a lease that nobody will settle.
+    await db.pool.query(
+      `UPDATE outlive.tasks SET state = 'running', attempts = 1, lease_owner = 'dead', lease_expires_at = $2 WHERE id = $1`,
+      [id, at(0)],
+    );
+    expect((await recover(toExecutor(db.pool), at(-1))).rows).toHaveLength(0); // not expired yet
+    const r = await recover(toExecutor(db.pool), at(1));
+    expect(r).toMatchObject({ retried: 1, failed: 0 });
+    const row = await taskRow(db.pool, id);
+    expect(row).toMatchObject({ state: 'pending', lease_owner: null, attempts: 1 });
+    expect(row.errors[0]).toMatchObject({ attempt: 1, name: 'LeaseExpired' });
+    expect(new Date(row.run_at).getTime()).toBe(at(1 + 1_000).getTime());
+    // The next pass runs it.
+    const report = await tick(db.pool, { tasks: [t], now: at(5_000) });
+    expect(report).toMatchObject({ claimed: 1, succeeded: 1 });
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'succeeded', attempts: 2 });
+  });
+
+  it('fails a recovered task that has no attempts left', async () => {
+    await clear();
+    const t = defineTask({ name: 'r1', input: z.object({}), retry: { maxAttempts: 1 }, run: () => 'done' });
+    const { id } = await enqueue(db.pool, t, {});
+    await db.pool.query(
+      `UPDATE outlive.tasks SET state = 'running', attempts = 1, lease_owner = 'dead', lease_expires_at = $2 WHERE id = $1`,
+      [id, at(0)],
+    );
+    const report = await tick(db.pool, { tasks: [t], now: at(1) });
+    expect(report.recovered).toBe(1);
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'failed', attempts: 1 });
+  });
+
+  it('drops a late settle after the lease was lost: the later attempt’s result stands', async () => {
+    await clear();
+    const g = gatedTask('slow');
+    const { id } = await enqueue(db.pool, g.task, {}, { runAt: T0 });
+    const first = tick(db.pool, { tasks: [g.task], now: T0, recover: false });
+    await g.untilStarted(1);
+    // Its lease (10 s timeout + 5 s grace) expires; recovery hands the row back.
+    expect((await recover(toExecutor(db.pool), at(16_000))).retried).toBe(1);
+    // A second pass claims and finishes attempt 2.
+    const second = tick(db.pool, { tasks: [g.task], now: at(20_000), recover: false });
+    await g.untilStarted(2);
+    g.gates[1]!();
+    expect(await second).toMatchObject({ succeeded: 1, lostLeases: 0 });
+    // Now the first handler finishes late: its settle must match nothing.
+    g.gates[0]!();
+    expect(await first).toMatchObject({ succeeded: 0, lostLeases: 1 });
+    const row = await taskRow(db.pool, id);
+    expect(row).toMatchObject({ state: 'succeeded', attempts: 2, output: { attempt: 2 } });
+  });
+
+  it('a completion that commits first is never overwritten by a racing recovery', async () => {
+    await clear();
+    const t = defineTask({ name: 'race', input: z.object({}), run: () => 1 });
+    const { id } = await enqueue(db.pool, t, {});
+    await db.pool.query(
+      `UPDATE outlive.tasks SET state = 'running', attempts = 1, lease_owner = 'me', lease_expires_at = $2 WHERE id = $1`,
+      [id, at(0)],
+    );
+    // The completion holds its row lock, uncommitted...
+    const completer = await db.pool.connect();
+    await completer.query('BEGIN');
+    const settled = await completer.query(SETTLE_SQL, [at(1), [id], ['succeeded'], ['{"ok":true}'], [null], [0], [null], 'me']);
+    expect(settled.rows).toHaveLength(1);
+    // ...while recovery runs: it skips the locked row instead of waiting or overwriting.
+    expect((await db.pool.query(RECOVER_SQL, [at(10), 100])).rows).toHaveLength(0);
+    await completer.query('COMMIT');
+    completer.release();
+    // And after the commit, the row no longer matches recovery at all.
+    expect((await db.pool.query(RECOVER_SQL, [at(10), 100])).rows).toHaveLength(0);
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'succeeded', output: { ok: true } });
+  });
+
+  it('a recovery that commits first makes the racing completion change nothing', async () => {
+    await clear();
+    const t = defineTask({ name: 'race2', input: z.object({}), run: () => 1 });
+    const { id } = await enqueue(db.pool, t, {});
+    await db.pool.query(
+      `UPDATE outlive.tasks SET state = 'running', attempts = 1, lease_owner = 'me', lease_expires_at = $2 WHERE id = $1`,
+      [id, at(0)],
+    );
+    const recoverer = await db.pool.connect();
+    await recoverer.query('BEGIN');
+    expect((await recoverer.query(RECOVER_SQL, [at(10), 100])).rows).toHaveLength(1);
+    // The completion waits on recovery's row lock, then rechecks its guard.
+    const settling = db.pool.query(SETTLE_SQL, [at(11), [id], ['succeeded'], ['{"ok":true}'], [null], [0], [null], 'me']);
+    await new Promise((r) => setTimeout(r, 50));
+    await recoverer.query('COMMIT');
+    recoverer.release();
+    expect((await settling).rows).toHaveLength(0);
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'pending', output: null, lease_owner: null });
+  });
+});
+
+describe('the time budget', () => {
+  it('a pass with a short budget returns in time and leaves unclaimed work pending, never half-claimed', async () => {
+    await clear();
+    const slow = defineTask({
+      name: 'slow-200',
+      input: z.object({ i: z.number() }),
+      timeoutMs: 300,
+      run: () => new Promise((r) => setTimeout(() => r('ok'), 150)),
+    });
+    for (let i = 0; i < 30; i++) await enqueue(db.pool, slow, { i });
+    const report = await tick(db.pool, { tasks: [slow], concurrency: 2, budgetMs: 1_000, reserveMs: 100 });
+    // 'drained' here means no ready task's timeout fitted in what was left.
+    expect(['budget', 'drained']).toContain(report.stoppedBy);
+    expect(report.claimed).toBeGreaterThan(0);
+    expect(report.claimed).toBeLessThan(30);
+    expect(report.succeeded).toBe(report.claimed);
+    // Loose bound: the budget plus one settle, never the 30 x 150 ms a full drain takes.
+    expect(report.durationMs).toBeLessThan(1_000 + 500);
+    const states = await db.rows<{ state: string; n: number }>(`SELECT state::text, count(*)::int n FROM outlive.tasks GROUP BY 1 ORDER BY 1`);
+    expect(states).toEqual([
+      { state: 'pending', n: 30 - report.claimed },
+      { state: 'succeeded', n: report.claimed },
+    ]);
+    expect(await db.rows(`SELECT 1 FROM outlive.tasks WHERE state = 'pending' AND (attempts > 0 OR lease_owner IS NOT NULL)`)).toHaveLength(0);
+  });
+
+  it('does not claim a task whose timeout does not fit in the budget', async () => {
+    await clear();
+    const long = defineTask({ name: 'long', input: z.object({}), timeoutMs: 60_000, run: () => 1 });
+    const short = defineTask({ name: 'short', input: z.object({}), timeoutMs: 1_000, run: () => 1 });
+    const l = await enqueue(db.pool, long, {});
+    const s = await enqueue(db.pool, short, {});
+    const report = await tick(db.pool, { tasks: [long, short], budgetMs: 20_000 });
+    expect(report).toMatchObject({ claimed: 1, succeeded: 1 });
+    expect((await taskRow(db.pool, l.id)).state).toBe('pending');
+    expect((await taskRow(db.pool, s.id)).state).toBe('succeeded');
+  });
+
+  it('stops claiming at maxTasks and when its signal aborts', async () => {
+    await clear();
+    const t = defineTask({ name: 'm', input: z.object({ i: z.number() }), run: () => 1 });
+    for (let i = 0; i < 10; i++) await enqueue(db.pool, t, { i });
+    expect(await tick(db.pool, { tasks: [t], maxTasks: 4, concurrency: 2 })).toMatchObject({ claimed: 4, stoppedBy: 'maxTasks' });
+    const controller = new AbortController();
+    controller.abort();
+    expect(await tick(db.pool, { tasks: [t], signal: controller.signal })).toMatchObject({ claimed: 0, stoppedBy: 'signal' });
+  });
+});

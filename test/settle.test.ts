@@ -1,0 +1,171 @@
+import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { defineTask, enqueue, NonRetriableError, RetryAfterError, tick } from '../src/index.js';
+import { freshDb } from './support/db.js';
+import { taskRow } from './support/tasks.js';
+
+const db = await freshDb();
+const T0 = new Date('2026-03-01T12:00:00Z');
+const at = (ms: number) => new Date(T0.getTime() + ms);
+
+async function clear() {
+  await db.pool.query('DELETE FROM outlive.tasks');
+}
+
+describe('settle', () => {
+  it('retries with exponential backoff from the row, then fails for good keeping every error', async () => {
+    await clear();
+    let calls = 0;
+    const flaky = defineTask({
+      name: 'always-fails',
+      input: z.object({}),
+      retry: { maxAttempts: 3, backoff: { baseMs: 10_000, factor: 3, jitter: 'none' } },
+      run: () => {
+        calls++;
+        throw new Error(`boom ${calls}`);
+      },
+    });
+    const { id } = await enqueue(db.pool, flaky, {}, { runAt: T0 });
+
+    let report = await tick(db.pool, { tasks: [flaky], now: T0 });
+    expect(report).toMatchObject({ claimed: 1, retried: 1, failed: 0 });
+    let row = await taskRow(db.pool, id);
+    expect(row).toMatchObject({ state: 'pending', attempts: 1, last_error: 'boom 1', lease_owner: null });
+    expect(new Date(row.run_at).getTime()).toBe(at(10_000).getTime());
+
+    // Not due yet: a pass at T0 + 9 s finds nothing.
+    expect((await tick(db.pool, { tasks: [flaky], now: at(9_000) })).claimed).toBe(0);
+
+    report = await tick(db.pool, { tasks: [flaky], now: at(10_000) });
+    expect(report).toMatchObject({ claimed: 1, retried: 1 });
+    row = await taskRow(db.pool, id);
+    expect(new Date(row.run_at).getTime()).toBe(at(10_000 + 30_000).getTime());
+
+    report = await tick(db.pool, { tasks: [flaky], now: at(40_000) });
+    expect(report).toMatchObject({ claimed: 1, retried: 0, failed: 1 });
+    row = await taskRow(db.pool, id);
+    expect(row).toMatchObject({ state: 'failed', attempts: 3, last_error: 'boom 3' });
+    expect(new Date(row.finished_at).getTime()).toBe(at(40_000).getTime());
+    expect(row.errors.map((e: { attempt: number; message: string }) => [e.attempt, e.message])).toEqual([
+      [1, 'boom 1'],
+      [2, 'boom 2'],
+      [3, 'boom 3'],
+    ]);
+    expect(row.errors[0].stack).toMatch(/boom 1/);
+    // Failed for good: no further pass touches it.
+    expect((await tick(db.pool, { tasks: [flaky], now: at(10_000_000) })).claimed).toBe(0);
+    expect(calls).toBe(3);
+  });
+
+  it('fails at once on NonRetriableError', async () => {
+    await clear();
+    const t = defineTask({
+      name: 'not-found',
+      input: z.object({}),
+      run: () => {
+        throw new NonRetriableError('page is gone (404)');
+      },
+    });
+    const { id } = await enqueue(db.pool, t, {});
+    const report = await tick(db.pool, { tasks: [t] });
+    expect(report).toMatchObject({ failed: 1, retried: 0 });
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'failed', attempts: 1, max_attempts: 5, last_error: 'page is gone (404)' });
+  });
+
+  it('retries after the delay a RetryAfterError asks for', async () => {
+    await clear();
+    let n = 0;
+    const t = defineTask({
+      name: 'rate-limited',
+      input: z.object({}),
+      run: () => {
+        if (n++ === 0) throw new RetryAfterError('429', 120_000);
+        if (n === 2) throw new RetryAfterError('429 until', at(500_000));
+        return 'ok';
+      },
+    });
+    const { id } = await enqueue(db.pool, t, {}, { runAt: T0 });
+    await tick(db.pool, { tasks: [t], now: T0 });
+    expect(new Date((await taskRow(db.pool, id)).run_at).getTime()).toBe(at(120_000).getTime());
+    await tick(db.pool, { tasks: [t], now: at(120_000) });
+    expect(new Date((await taskRow(db.pool, id)).run_at).getTime()).toBe(at(500_000).getTime());
+    await tick(db.pool, { tasks: [t], now: at(500_000) });
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'succeeded', output: 'ok', attempts: 3 });
+  });
+
+  it('aborts a handler at its timeout and retries it; the pass does not hang', async () => {
+    await clear();
+    let sawAbort = false;
+    const hangs = defineTask({
+      name: 'hangs',
+      input: z.object({}),
+      timeoutMs: 100,
+      run: (_input, ctx) =>
+        new Promise((resolve) => {
+          ctx.signal.addEventListener('abort', () => (sawAbort = true));
+          // Never resolves on its own; ignores the signal beyond noting it.
+          void resolve;
+        }),
+    });
+    const { id } = await enqueue(db.pool, hangs, {});
+    const report = await tick(db.pool, { tasks: [hangs] });
+    expect(report).toMatchObject({ claimed: 1, retried: 1 });
+    expect(sawAbort).toBe(true);
+    const row = await taskRow(db.pool, id);
+    expect(row).toMatchObject({ state: 'pending', last_error: 'timed out after 100 ms' });
+    expect(row.errors[0].name).toBe('TaskTimeoutError');
+  });
+
+  it('survives handlers that throw non-Errors, return undefined or return non-JSON', async () => {
+    await clear();
+    const weird = defineTask({
+      name: 'weird',
+      input: z.object({ mode: z.enum(['string', 'object', 'undefined', 'bigint', 'huge', 'sync']) }),
+      retry: { maxAttempts: 1 },
+      run: ({ mode }) => {
+        if (mode === 'string') return Promise.reject('plain string');
+        if (mode === 'object') return Promise.reject({ code: 7 });
+        if (mode === 'sync') throw null;
+        if (mode === 'bigint') return { n: 1n };
+        if (mode === 'huge') return 'x'.repeat(1_100_000);
+        return undefined;
+      },
+    });
+    const modes = ['string', 'object', 'undefined', 'bigint', 'huge', 'sync'] as const;
+    const ids = await Promise.all(modes.map((mode) => enqueue(db.pool, weird, { mode }).then((t) => t.id)));
+    const report = await tick(db.pool, { tasks: [weird] });
+    expect(report).toMatchObject({ claimed: 6, succeeded: 1, failed: 5 });
+    const rows = await Promise.all(ids.map((id) => taskRow(db.pool, id)));
+    expect(rows.map((r) => [r.state, r.last_error])).toEqual([
+      ['failed', 'plain string'],
+      ['failed', 'non-Error thrown: {"code":7}'],
+      ['succeeded', null],
+      ['failed', expect.stringMatching(/output does not serialise to JSON/)],
+      ['failed', expect.stringMatching(/output is 1100002 bytes of JSON, over the limit/)],
+      ['failed', 'non-Error thrown: null'],
+    ]);
+    expect(await db.rows(`SELECT 1 FROM outlive.tasks WHERE state = 'running'`)).toHaveLength(0);
+  });
+
+  it('fails a row whose task name no definition matches, naming it, without crashing the pass', async () => {
+    await clear();
+    const known = defineTask({ name: 'known', input: z.object({}), run: () => 1 });
+    const ghost = defineTask({ name: 'ghost-task', input: z.object({}), run: () => 1 });
+    const ghostRow = await enqueue(db.pool, ghost, {});
+    const knownRow = await enqueue(db.pool, known, {});
+    const report = await tick(db.pool, { tasks: [known] });
+    expect(report).toMatchObject({ claimed: 2, succeeded: 1, failed: 1 });
+    expect((await taskRow(db.pool, ghostRow.id)).last_error).toMatch(/unknown task "ghost-task"/);
+    expect((await taskRow(db.pool, knownRow.id)).state).toBe('succeeded');
+  });
+
+  it('fails a row whose stored input no longer matches the schema', async () => {
+    await clear();
+    const v1 = defineTask({ name: 'evolving', input: z.object({ a: z.string() }), run: () => 1 });
+    const v2 = defineTask({ name: 'evolving', input: z.object({ b: z.number() }), run: () => 1 });
+    const { id } = await enqueue(db.pool, v1, { a: 'x' });
+    await tick(db.pool, { tasks: [v2] });
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'failed' });
+    expect((await taskRow(db.pool, id)).last_error).toMatch(/stored input does not match the schema of "evolving": b:/);
+  });
+});
