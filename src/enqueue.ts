@@ -128,7 +128,7 @@ function checkKey(task: AnyTask, key: unknown): string {
 // the existing row come back in RETURNING, locked, so a concurrent enqueue of
 // the same key either waits for the first transaction and returns its row, or
 // (if that one rolled back) inserts its own.
-const INSERT_TASKS = `
+export const INSERT_TASKS = `
 INSERT INTO outlive.tasks AS t (name, queue, priority, max_attempts, timeout_ms, run_at, input, key)
 SELECT $1, $2, $3, $4, $5, coalesce($6::timestamptz, now()) + $7::float8 * interval '1 millisecond', i.input, i.key
 FROM unnest($8::jsonb[], $9::text[]) AS i(input, key)

@@ -26,3 +26,31 @@ export {
 export type { Transactional, Database, Executor } from './executor.js';
 export { toExecutor } from './executor.js';
 export type { TaskState, RunState } from './types.js';
+
+// Event tick and recurring work (issue 5)
+export { defineSchedule, enqueueDue, isSchedule, ScheduleError, MAX_CATCH_UP } from './schedule.js';
+export type { Schedule, ScheduleConfig, AnySchedule, MissedPolicy, EnqueueDueOptions, EnqueueDueReport, FiredSlot } from './schedule.js';
+export { applyRetention } from './retention.js';
+export type { RetentionOptions, RetentionReport } from './retention.js';
+export { createWorker } from './worker.js';
+export type { Worker, WorkerOptions, WorkerStats, WorkerLogger, StopOptions } from './worker.js';
+
+// Serverless functions (issue 4)
+export { neonPool } from './neon.js';
+export type { NeonPoolOptions } from './neon.js';
+export {
+  nudge,
+  signNudge,
+  verifyNudge,
+  verifySignature,
+  useNonce,
+  rejectStatus,
+  secretsEqual,
+  checkSecret,
+  SIGNATURE_HEADER,
+  DEFAULT_TOLERANCE_MS,
+  MIN_SECRET_LENGTH,
+} from './nudge.js';
+export type { NudgeOptions, NudgeResult, SignOptions, VerifyOptions, Verification, RejectReason } from './nudge.js';
+export { batchEnqueue, enqueueSql, enqueuedFrom } from './batch.js';
+export type { BatchingDatabase } from './batch.js';

@@ -103,6 +103,13 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   const now = options.now ?? null;
   const owner = `${options.owner ?? 'pass'}:${globalThis.crypto.randomUUID()}`;
   const deadline = started + budgetMs - reserveMs;
+  let shortest = Infinity;
+  for (const task of registry.values()) shortest = Math.min(shortest, task.timeoutMs);
+  if (shortest !== Infinity && budgetMs - reserveMs < shortest) {
+    throw new ConfigError(
+      `outlive: a pass of ${budgetMs} ms (${reserveMs} ms kept back to settle) can claim none of its tasks: the shortest timeoutMs is ${shortest} ms. Raise budgetMs or lower the tasks' timeoutMs.`,
+    );
+  }
 
   const report: TickReport = {
     owner,

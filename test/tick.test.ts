@@ -23,3 +23,19 @@ describe('tick', () => {
     expect(row).toEqual({ state: 'succeeded', output: { doubled: 42 }, attempts: 1 });
   });
 });
+
+describe('tick configuration', () => {
+  it('refuses a budget that can fit none of its tasks, naming the fix', async () => {
+    const slow = defineTask({ name: 'slow-config', input: z.object({}), timeoutMs: 5_000, run: () => 1 });
+    await expect(tick(db.pool, { tasks: [slow], budgetMs: 5_000 })).rejects.toThrow(
+      /can claim none of its tasks: the shortest timeoutMs is 5000 ms. Raise budgetMs/,
+    );
+    await expect(tick(db.pool, { tasks: [slow], concurrency: 0 })).rejects.toThrow(/concurrency must be a whole number >= 1/);
+  });
+
+  it('refuses two different tasks under one name', async () => {
+    const a = defineTask({ name: 'twin', input: z.object({}), run: () => 1 });
+    const b = defineTask({ name: 'twin', input: z.object({}), run: () => 2 });
+    await expect(tick(db.pool, { tasks: [a, b] })).rejects.toThrow(/two tasks are named "twin"/);
+  });
+});
