@@ -23,10 +23,10 @@ describe('claim', () => {
     expect(reports.reduce((s, r) => s + r.succeeded, 0)).toBe(2_000);
     expect(reports.filter((r) => r.claimed > 0).length).toBeGreaterThan(1);
     // The unique constraint on effects would have failed a second run; check the count too.
-    const [{ n }] = await db.rows<{ n: number }>('SELECT count(*)::int AS n FROM effects');
+    const [{ n }] = (await db.rows<{ n: number }>('SELECT count(*)::int AS n FROM effects')) as [{ n: number }];
     expect(n).toBe(2_000);
     expect(await countByState(db.pool)).toEqual({ succeeded: 2_000 });
-    const [{ max }] = await db.rows<{ max: number }>('SELECT max(attempts) AS max FROM outlive.tasks');
+    const [{ max }] = (await db.rows<{ max: number }>('SELECT max(attempts) AS max FROM outlive.tasks')) as [{ max: number }];
     expect(max).toBe(1);
   });
 

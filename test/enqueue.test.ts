@@ -109,7 +109,7 @@ describe('enqueue', () => {
     const at = new Date('2030-01-01T00:00:00Z');
     const later = await enqueue(db.pool, greet, { name: 'x' }, { runAt: at });
     expect(later.runAt.toISOString()).toBe(at.toISOString());
-    const [{ now }] = await db.rows<{ now: Date }>('SELECT now()');
+    const [{ now }] = (await db.rows<{ now: Date }>('SELECT now()')) as [{ now: Date }];
     const delayed = await enqueue(db.pool, greet, { name: 'y' }, { delayMs: 60_000 });
     expect(delayed.runAt.getTime() - now.getTime()).toBeGreaterThanOrEqual(59_000);
     // Neither is ready now.
@@ -200,7 +200,7 @@ describe('bad input gets a clear error and writes nothing', () => {
     ['a bad queue name', () => enqueue(db.pool, greet, { name: 'a' }, { queue: "q'; DROP TABLE x;--" }), /queue name .* is invalid/],
     ['an empty key', () => enqueue(db.pool, greet, { name: 'a' }, { key: '' }), /key must be a non-empty string/],
     ['a fractional priority', () => enqueue(db.pool, greet, { name: 'a' }, { priority: 0.5 }), /priority must be/],
-    ['something that is not a task', () => enqueue(db.pool, { name: 'x' } as never, {}), /needs a task made by defineTask/],
+    ['something that is not a task', () => enqueue(db.pool, { name: 'x' } as never, {} as never), /needs a task made by defineTask/],
     ['one bad input among many', () => enqueueMany(db.pool, greet, [{ name: 'ok' }, { name: '' }]), /input does not match its schema/],
   ];
   it.each(cases)('%s', async (_label, call, message) => {
