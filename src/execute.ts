@@ -5,8 +5,11 @@
  */
 import { backoffDelay } from './backoff.js';
 import type { ClaimedTask } from './claim.js';
-import { NonRetriableError, RetryAfterError, toError } from './errors.js';
+import { InvalidGraphError, NonRetriableError, RetryAfterError, toError } from './errors.js';
 import { utf8Bytes } from './json.js';
+import type { Executor } from './executor.js';
+import { checkGraph } from './graph.js';
+import { MAX_STEPS_PER_WRITE, prepareStep, type PreparedStep, type Step } from './runs.js';
 import type { AnyTask, TaskContext } from './task.js';
 
 /** Largest serialised output a task may store: 1 MiB. */
@@ -22,10 +25,11 @@ export interface ErrorEntry {
 }
 
 /** What a settle writes for one task. */
-export type Outcome =
-  | { id: string; state: 'succeeded'; output: string | null }
-  | { id: string; state: 'pending'; retryAt: Date | null; delayMs: number; error: ErrorEntry }
-  | { id: string; state: 'failed'; error: ErrorEntry };
+export type Outcome = { id: string; runId: string | null } & (
+  | { state: 'succeeded'; output: string | null; spawns?: PreparedStep[] }
+  | { state: 'pending'; retryAt: Date | null; delayMs: number; error: ErrorEntry }
+  | { state: 'failed'; error: ErrorEntry }
+);
 
 /** The error a handler's signal carries when its timeout fires. */
 export class TaskTimeoutError extends Error {
@@ -35,7 +39,8 @@ export class TaskTimeoutError extends Error {
   }
 }
 
-function entry(err: Error, attempt: number): ErrorEntry {
+/** One attempt's error as the row keeps it. */
+export function entry(err: Error, attempt: number): ErrorEntry {
   const e: ErrorEntry = {
     attempt,
     at: new Date().toISOString(),
@@ -50,12 +55,13 @@ function entry(err: Error, attempt: number): ErrorEntry {
 export function failure(task: AnyTask | undefined, claimed: ClaimedTask, thrown: unknown): Outcome {
   const err = toError(thrown);
   const error = entry(err, claimed.attempts);
+  const base = { id: claimed.id, runId: claimed.run_id };
   const exhausted = claimed.attempts >= claimed.max_attempts;
-  if (err instanceof NonRetriableError || exhausted || !task) return { id: claimed.id, state: 'failed', error };
+  if (err instanceof NonRetriableError || exhausted || !task) return { ...base, state: 'failed', error };
   if (err instanceof RetryAfterError) {
-    return { id: claimed.id, state: 'pending', retryAt: err.retryAt ?? null, delayMs: err.delayMs ?? 0, error };
+    return { ...base, state: 'pending', retryAt: err.retryAt ?? null, delayMs: err.delayMs ?? 0, error };
   }
-  return { id: claimed.id, state: 'pending', retryAt: null, delayMs: backoffDelay(task.backoff, claimed.attempts), error };
+  return { ...base, state: 'pending', retryAt: null, delayMs: backoffDelay(task.backoff, claimed.attempts), error };
 }
 
 function serialiseOutput(value: unknown): string | null {
@@ -82,7 +88,7 @@ function serialiseOutput(value: unknown): string | null {
 export async function execute(
   task: AnyTask | undefined,
   claimed: ClaimedTask,
-  extra: { signal?: AbortSignal; context?: Partial<TaskContext> } = {},
+  extra: { signal?: AbortSignal | undefined; db?: Executor } = {},
 ): Promise<Outcome> {
   if (!task) {
     return failure(undefined, claimed, new NonRetriableError(
@@ -109,24 +115,66 @@ export async function execute(
   aborted.catch(() => undefined);
   timer = setTimeout(() => controller.abort(new TaskTimeoutError(claimed.timeout_ms)), claimed.timeout_ms);
 
-  const ctx: TaskContext = {
-    taskId: claimed.id,
-    attempt: claimed.attempts,
-    maxAttempts: claimed.max_attempts,
-    queue: claimed.queue,
-    runId: claimed.run_id,
-    signal: controller.signal,
-    ...extra.context,
-  };
+  const spawns: PreparedStep[] = [];
+  const ctx = runContext(claimed, controller.signal, spawns, extra.db);
   try {
     // A handler that ignores its signal is abandoned here at its timeout:
     // the race settles the task, and whatever it returns later is dropped.
     const value = await Promise.race([Promise.resolve().then(() => task.run(parsed.data, ctx)), aborted]);
-    return { id: claimed.id, state: 'succeeded', output: serialiseOutput(value) };
+    const output = serialiseOutput(value);
+    return { id: claimed.id, runId: claimed.run_id, state: 'succeeded', output, ...(spawns.length ? { spawns } : {}) };
   } catch (thrown) {
     return failure(task, claimed, thrown);
   } finally {
     clearTimeout(timer);
     extra.signal?.removeEventListener('abort', onOuterAbort);
   }
+}
+
+const OUTPUT_OF_SQL = `SELECT output FROM outlive.tasks WHERE run_id = $1 AND step = $2 AND state = 'succeeded'`;
+const DEPENDENCY_OUTPUTS_SQL = `
+SELECT p.step, p.output FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
+WHERE d.task_id = $1 AND p.state = 'succeeded'`;
+
+function runContext(claimed: ClaimedTask, signal: AbortSignal, spawns: PreparedStep[], db: Executor | undefined): TaskContext {
+  const where = `task ${claimed.id} ("${claimed.name}")`;
+  const needRun = (what: string) => {
+    if (!claimed.run_id) throw new InvalidGraphError(`outlive: ${where}: ${what} needs a task that belongs to a run`);
+    if (!db) throw new Error(`outlive: ${where}: ${what} needs the database of the pass`);
+    return { runId: claimed.run_id, db };
+  };
+  return {
+    taskId: claimed.id,
+    attempt: claimed.attempts,
+    maxAttempts: claimed.max_attempts,
+    queue: claimed.queue,
+    runId: claimed.run_id,
+    signal,
+    spawn(name: string, spec: Step) {
+      needRun('spawn');
+      if (spawns.length >= MAX_STEPS_PER_WRITE) {
+        throw new InvalidGraphError(`outlive: ${where}: a task may spawn at most ${MAX_STEPS_PER_WRITE} steps`);
+      }
+      const prepared = prepareStep(`${where} spawning`, name, spec);
+      if (spawns.some((s) => s.step === prepared.step)) {
+        throw new InvalidGraphError(`outlive: ${where}: spawned step "${name}" twice`);
+      }
+      // Cycles among this attempt's spawns are caught here; steps already in
+      // the run cannot wait for new ones, so no cycle can pass through them.
+      const graph = new Map([...spawns, prepared].map((s) => [s.step, s.after]));
+      checkGraph(`${where} spawning`, graph, new Set([...graph.values()].flat().filter((d) => !graph.has(d))));
+      spawns.push(prepared);
+    },
+    async output(stepName: string) {
+      const { runId, db: exec } = needRun('output');
+      const rows = await exec.query<{ output: unknown }>(OUTPUT_OF_SQL, [runId, stepName]);
+      if (rows.length === 0) throw new InvalidGraphError(`outlive: ${where}: step "${stepName}" has not succeeded in run ${runId}`);
+      return rows[0]!.output ?? undefined;
+    },
+    async outputs() {
+      const { db: exec } = needRun('outputs');
+      const rows = await exec.query<{ step: string; output: unknown }>(DEPENDENCY_OUTPUTS_SQL, [claimed.id]);
+      return Object.fromEntries(rows.map((r) => [r.step, r.output ?? undefined]));
+    },
+  } as TaskContext;
 }

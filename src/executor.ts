@@ -106,3 +106,24 @@ export function toPool(db: Database): PoolLike {
   }
   return pool;
 }
+
+/**
+ * Runs `fn` in a transaction on a client of `pool`: BEGIN, then COMMIT if it
+ * resolves, ROLLBACK if it throws. A client whose ROLLBACK failed (a broken
+ * connection) is destroyed rather than returned to the pool.
+ */
+export async function inTransaction<T>(pool: PoolLike, fn: (db: Executor) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  let broken: Error | undefined;
+  try {
+    await client.query('BEGIN');
+    const result = await fn(toExecutor(client));
+    await client.query('COMMIT');
+    return result;
+  } catch (err) {
+    await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+    throw err;
+  } finally {
+    client.release(broken);
+  }
+}

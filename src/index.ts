@@ -7,7 +7,13 @@ export type { Task, TaskConfig, TaskContext, TaskHandler, TaskInput, TaskOutput,
 export type { BackoffOptions } from './backoff.js';
 export { enqueue, enqueueMany, MAX_INPUT_BYTES } from './enqueue.js';
 export type { EnqueueOptions, EnqueueManyOptions, EnqueuedTask } from './enqueue.js';
-export { tick, PassError } from './tick.js';
+export { startRun, step } from './runs.js';
+export type { Step, StepOptions, StartedRun } from './runs.js';
+export { cancelRun } from './cancel.js';
+export type { CancelReport } from './cancel.js';
+export { explainRun } from './explain.js';
+export type { ExplainedRun, ExplainedTask } from './explain.js';
+export { tick, PassError, LeaseLostError } from './tick.js';
 export type { TickOptions, TickReport } from './tick.js';
 export { recover } from './recover.js';
 export type { RecoverReport } from './recover.js';

@@ -2,7 +2,8 @@
  * Recover: hand back tasks whose lease expired because the pass holding them
  * died (killed, crashed, timed out by its platform).
  */
-import type { Executor } from './executor.js';
+import { inTransaction, toPool, type Database } from './executor.js';
+import { applyRunEffects } from './release.js';
 import type { SettledRow } from './settle.js';
 
 /** What a recovery pass did. */
@@ -43,11 +44,20 @@ SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'pending' 
     updated_at = coalesce($1::timestamptz, now())
 FROM expired
 WHERE t.id = expired.id AND t.state = 'running' AND t.lease_expires_at < coalesce($1::timestamptz, now())
-RETURNING t.id::text, t.state::text, t.run_id::text`;
+RETURNING t.id::text, t.state::text, t.run_id::text, t.step`;
 
-/** Recovers up to `limit` tasks whose lease expired before `now` (the database's clock when null). */
-export async function recover(db: Executor, now: Date | null, limit = 1000): Promise<RecoverReport> {
-  const rows = await db.query<SettledRow>(RECOVER_SQL, [now, limit]);
+/**
+ * Recovers up to `limit` tasks whose lease expired before `now` (default: the
+ * database's clock). A recovered task of a run that has no attempts left
+ * fails its downstream tasks and run in the same transaction.
+ */
+export async function recover(db: Database, options: { now?: Date | null; limit?: number } = {}): Promise<RecoverReport> {
+  const now = options.now ?? null;
+  const rows = await inTransaction(toPool(db), async (tx) => {
+    const recovered = await tx.query<SettledRow>(RECOVER_SQL, [now, options.limit ?? 1000]);
+    await applyRunEffects(tx, recovered, new Map(), now);
+    return recovered;
+  });
   let failed = 0;
   for (const r of rows) if (r.state === 'failed') failed++;
   return { retried: rows.length - failed, failed, rows };

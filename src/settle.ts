@@ -5,14 +5,15 @@
  * lease was lost (recovered after expiring, or its task cancelled) matches no
  * row, and its late result is dropped: it cannot overwrite what happened since.
  */
-import { toExecutor, type PoolLike } from './executor.js';
-import type { Outcome } from './execute.js';
+import { toError } from './errors.js';
+import { entry, type Outcome } from './execute.js';
+import { inTransaction, toExecutor, type Executor, type PoolLike } from './executor.js';
+import { applyRunEffects, type RunRow } from './release.js';
+import type { PreparedStep } from './runs.js';
 
 /** A row a settle changed. */
-export interface SettledRow {
-  id: string;
+export interface SettledRow extends RunRow {
   state: 'pending' | 'succeeded' | 'failed';
-  run_id: string | null;
 }
 
 // One statement settles a whole batch, whatever mix of successes, retries and
@@ -35,11 +36,9 @@ SET state = s.state::outlive.task_state,
 FROM unnest($2::bigint[], $3::text[], $4::jsonb[], $5::timestamptz[], $6::float8[], $7::jsonb[])
      AS s(id, state, output, retry_at, delay_ms, error)
 WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $8
-RETURNING t.id::text, t.state::text, t.run_id::text`;
+RETURNING t.id::text, t.state::text, t.run_id::text, t.step`;
 
-/** Settles a batch of outcomes held under `owner`'s lease; returns the rows it changed. */
-export async function settle(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
-  if (outcomes.length === 0) return [];
+function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
   const ids: string[] = [];
   const states: string[] = [];
   const outputs: (string | null)[] = [];
@@ -54,5 +53,58 @@ export async function settle(pool: PoolLike, owner: string, outcomes: readonly O
     delays.push(o.state === 'pending' ? o.delayMs : 0);
     errors.push(o.state === 'succeeded' ? null : JSON.stringify(o.error));
   }
-  return toExecutor(pool).query<SettledRow>(SETTLE_SQL, [now, ids, states, outputs, retryAts, delays, errors, owner]);
+  return db.query<SettledRow>(SETTLE_SQL, [now, ids, states, outputs, retryAts, delays, errors, owner]);
+}
+
+/** Settles and applies run knock-ons in one transaction. */
+function settleWithRuns(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
+  return inTransaction(pool, async (db) => {
+    const rows = await settleRows(db, owner, outcomes, now);
+    const spawns = new Map<string, PreparedStep[]>();
+    for (const o of outcomes) if (o.state === 'succeeded' && o.spawns) spawns.set(o.id, o.spawns);
+    await applyRunEffects(db, rows, spawns, now);
+    return rows;
+  });
+}
+
+/**
+ * Settles a batch of outcomes held under `owner`'s lease; returns the rows it
+ * changed. Tasks outside runs settle in one statement; a batch with tasks of
+ * runs settles in one transaction with its knock-on effects. If that
+ * transaction fails (a spawn naming a step that exists, a deadlock between
+ * settles of one run), each outcome is retried alone, and one that still
+ * cannot be written is settled as a failure carrying the database's error,
+ * so one bad outcome never keeps the others from landing.
+ */
+export async function settle(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
+  if (outcomes.length === 0) return [];
+  if (outcomes.every((o) => o.runId === null)) return settleRows(toExecutor(pool), owner, outcomes, now);
+  try {
+    return await settleWithRuns(pool, owner, outcomes, now);
+  } catch {
+    const rows: SettledRow[] = [];
+    for (const outcome of outcomes) {
+      let lastError: unknown;
+      let done = false;
+      for (let attempt = 0; attempt < 2 && !done; attempt++) {
+        try {
+          rows.push(...(await settleWithRuns(pool, owner, [outcome], now)));
+          done = true;
+        } catch (err) {
+          lastError = err;
+        }
+      }
+      if (!done) {
+        const err = toError(lastError);
+        const failed: Outcome = {
+          id: outcome.id,
+          runId: outcome.runId,
+          state: 'failed',
+          error: entry(new Error(`could not record the outcome: ${err.message}`, { cause: err }), 0),
+        };
+        rows.push(...(await settleWithRuns(pool, owner, [failed], now)));
+      }
+    }
+    return rows;
+  }
 }

@@ -5,6 +5,7 @@
 import type { z } from 'zod';
 import { ConfigError } from './errors.js';
 import type { BackoffOptions } from './backoff.js';
+import type { Step } from './runs.js';
 
 /** What a handler sees of the task it runs. */
 export interface TaskContext {
@@ -22,6 +23,22 @@ export interface TaskContext {
    * timeout, and its late result is discarded.
    */
   readonly signal: AbortSignal;
+  /**
+   * Adds a step to this task's run (runs only). What a task spawns is written
+   * in the same transaction that records its success: if the attempt fails,
+   * its spawns never existed. A spawned step may wait for other steps spawned
+   * by this attempt and for steps already in the run.
+   *
+   * ```ts
+   * for (const url of pages) ctx.spawn(`page:${url}`, step(importPage, { url }));
+   * ctx.spawn('finish', step(finishImport, { siteId }, { after: pages.map((u) => `page:${u}`) }));
+   * ```
+   */
+  spawn(step: string, spec: Step): void;
+  /** The stored output of a succeeded step of this task's run (runs only). */
+  output<O = unknown>(step: string): Promise<O>;
+  /** The outputs of the steps this task waited for, by step name (runs only). */
+  outputs(): Promise<Record<string, unknown>>;
 }
 
 /** A task handler: takes the parsed input, returns the output to store. */

@@ -39,6 +39,12 @@ export interface TickOptions {
   reserveMs?: number;
   /** Aborting stops claiming and fires the signal of running handlers. */
   signal?: AbortSignal;
+  /**
+   * How often the pass checks that the tasks it has been running for a while
+   * still hold their lease (not cancelled, not recovered), and fires the
+   * signal of those that do not. Default 1 s.
+   */
+  leaseCheckMs?: number;
 }
 
 /** What one pass did. */
@@ -74,6 +80,18 @@ export class PassError extends OutliveError {
     super(message, options);
   }
 }
+
+/** The reason a handler's signal carries when its row is no longer its to settle. */
+export class LeaseLostError extends Error {
+  constructor(taskId: string) {
+    super(`task ${taskId} was cancelled or its lease was lost; its result will not be recorded`);
+    this.name = 'LeaseLostError';
+  }
+}
+
+const LOST_LEASES_SQL = `
+SELECT id::text FROM outlive.tasks
+WHERE id = ANY($1::bigint[]) AND (state <> 'running' OR lease_owner IS DISTINCT FROM $2)`;
 
 function positiveInt(name: string, value: number | undefined, fallback: number): number {
   const v = value ?? fallback;
@@ -165,10 +183,40 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     return flushing;
   };
 
+  // Handlers whose row stopped being theirs (a cancelled run, a lease that
+  // expired and was recovered) are told through their signal. Only tasks
+  // running longer than one check interval are looked at, so a pass of short
+  // tasks never sends this query.
+  const leaseCheckMs = options.leaseCheckMs ?? 1_000;
+  const active = new Map<string, { controller: AbortController; since: number }>();
+  let checking = false;
+  const checkLeases = async () => {
+    if (checking) return;
+    const cutoff = performance.now() - leaseCheckMs;
+    const ids = [...active].filter(([, a]) => a.since <= cutoff).map(([id]) => id);
+    if (ids.length === 0) return;
+    checking = true;
+    try {
+      const lost = await exec.query<{ id: string }>(LOST_LEASES_SQL, [ids, owner]);
+      for (const { id } of lost) active.get(id)?.controller.abort(new LeaseLostError(id));
+    } catch {
+      // A failed check is retried at the next interval; settling is what guards correctness.
+    } finally {
+      checking = false;
+    }
+  };
+  const watcher = setInterval(() => void checkLeases(), leaseCheckMs);
+
   const start = (row: ClaimedTask) => {
     running++;
     unsettled++;
-    void execute(registry.get(row.name), row, { signal: options.signal }).then((outcome) => {
+    const controller = new AbortController();
+    const onPassAbort = () => controller.abort(options.signal?.reason);
+    options.signal?.addEventListener('abort', onPassAbort, { once: true });
+    active.set(row.id, { controller, since: performance.now() });
+    void execute(registry.get(row.name), row, { signal: controller.signal, db: exec }).then((outcome) => {
+      active.delete(row.id);
+      options.signal?.removeEventListener('abort', onPassAbort);
       running--;
       queue.push(outcome);
       void flush();
@@ -178,7 +226,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
 
   try {
     if (options.recover !== false) {
-      const r = await recover(exec, now);
+      const r = await recover(pool, { now });
       report.recovered = r.rows.length;
     }
     // Claim in batches of at least half the slots, so a busy pass does not
@@ -225,6 +273,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     await nextProgress();
   }
   await flush();
+  clearInterval(watcher);
   report.durationMs = Math.round(performance.now() - started);
   if (dbError) {
     const err = toError(dbError);

@@ -1,7 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineTask, enqueue, recover, tick } from '../src/index.js';
-import { toExecutor } from '../src/executor.js';
 import { RECOVER_SQL } from '../src/recover.js';
 import { SETTLE_SQL } from '../src/settle.js';
 import { freshDb } from './support/db.js';
@@ -45,8 +44,8 @@ describe('recover', () => {
       `UPDATE outlive.tasks SET state = 'running', attempts = 1, lease_owner = 'dead', lease_expires_at = $2 WHERE id = $1`,
       [id, at(0)],
     );
-    expect((await recover(toExecutor(db.pool), at(-1))).rows).toHaveLength(0); // not expired yet
-    const r = await recover(toExecutor(db.pool), at(1));
+    expect((await recover(db.pool, { now: at(-1) })).rows).toHaveLength(0); // not expired yet
+    const r = await recover(db.pool, { now: at(1) });
     expect(r).toMatchObject({ retried: 1, failed: 0 });
     const row = await taskRow(db.pool, id);
     expect(row).toMatchObject({ state: 'pending', lease_owner: null, attempts: 1 });
@@ -78,7 +77,7 @@ describe('recover', () => {
     const first = tick(db.pool, { tasks: [g.task], now: T0, recover: false });
     await g.untilStarted(1);
     // Its lease (10 s timeout + 5 s grace) expires; recovery hands the row back.
-    expect((await recover(toExecutor(db.pool), at(16_000))).retried).toBe(1);
+    expect((await recover(db.pool, { now: at(16_000) })).retried).toBe(1);
     // A second pass claims and finishes attempt 2.
     const second = tick(db.pool, { tasks: [g.task], now: at(20_000), recover: false });
     await g.untilStarted(2);

@@ -1,0 +1,208 @@
+/**
+ * Release: the knock-on effects of settling tasks that belong to runs, written
+ * in the same transaction as the settle itself.
+ *
+ * - a success writes what the task spawned, then decrements `waiting_on` of
+ *   the tasks that wait for it (at 0 they become claimable);
+ * - a failure for good marks every task downstream of it `skipped`, and
+ *   records it as the task that failed its run;
+ * - every run touched has its count of unfinished tasks adjusted, and takes
+ *   its final state when the count reaches 0.
+ *
+ * Rows are locked in id order in every statement here, and runs after tasks,
+ * so concurrent settles of one run queue up rather than deadlock.
+ */
+import { InvalidGraphError } from './errors.js';
+import type { Executor } from './executor.js';
+import type { PreparedStep } from './runs.js';
+
+/** A settled row of a run, as the knock-on effects need it. */
+export interface RunRow {
+  id: string;
+  state: string;
+  run_id: string | null;
+  step: string | null;
+}
+
+// Decrement each dependent once per dependency that just succeeded. The
+// NOTIFY wakes listening workers for tasks this made ready.
+const RELEASE_SQL = `
+WITH c AS (
+  SELECT task_id, count(*)::int AS n FROM outlive.task_deps WHERE depends_on = ANY($1::bigint[]) GROUP BY task_id
+), locked AS (
+  SELECT t.id, c.n FROM outlive.tasks t JOIN c ON c.task_id = t.id
+  WHERE t.state = 'pending' ORDER BY t.id FOR UPDATE OF t
+), upd AS (
+  UPDATE outlive.tasks t SET waiting_on = t.waiting_on - locked.n, updated_at = coalesce($2::timestamptz, now())
+  FROM locked WHERE t.id = locked.id
+  RETURNING t.queue, t.waiting_on
+)
+SELECT count(*) FILTER (WHERE waiting_on = 0)::int AS ready,
+       (SELECT count(pg_notify('outlive', q.queue)) FROM (SELECT DISTINCT queue FROM upd WHERE waiting_on = 0) q)::int AS notified
+FROM upd`;
+
+// Every pending task downstream of a failed one: none of them can ever start.
+const SKIP_SQL = `
+WITH RECURSIVE down(id) AS (
+  SELECT task_id FROM outlive.task_deps WHERE depends_on = $1::bigint
+  UNION
+  SELECT d.task_id FROM outlive.task_deps d JOIN down ON d.depends_on = down.id
+), locked AS (
+  SELECT t.id FROM outlive.tasks t WHERE t.id IN (SELECT id FROM down) AND t.state = 'pending'
+  ORDER BY t.id FOR UPDATE
+)
+UPDATE outlive.tasks t
+SET state = 'skipped', last_error = $3, finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
+FROM locked WHERE t.id = locked.id
+RETURNING t.id::text`;
+
+const FINISH_RUNS_SQL = `
+UPDATE outlive.runs r
+SET unfinished = r.unfinished + d.delta,
+    failed_task_id = coalesce(r.failed_task_id, d.failed_task_id),
+    error = coalesce(r.error, d.error),
+    state = CASE WHEN r.state = 'running' AND r.unfinished + d.delta <= 0
+                 THEN CASE WHEN coalesce(r.failed_task_id, d.failed_task_id) IS NULL THEN 'succeeded' ELSE 'failed' END::outlive.run_state
+                 ELSE r.state END,
+    finished_at = CASE WHEN r.state = 'running' AND r.unfinished + d.delta <= 0 THEN coalesce($1::timestamptz, now()) ELSE r.finished_at END,
+    updated_at = coalesce($1::timestamptz, now())
+FROM unnest($2::bigint[], $3::int[], $4::bigint[], $5::text[]) AS d(id, delta, failed_task_id, error)
+WHERE r.id = d.id`;
+
+// Steps a spawn refers to (or would collide with) are locked first, so a
+// dependency that is settling right now either committed already (and is
+// seen as succeeded) or waits and then finds the new edge to release.
+const LOCK_STEPS_SQL = `
+SELECT id::text, step, state::text FROM outlive.tasks
+WHERE run_id = $1 AND step = ANY($2::text[])
+ORDER BY id FOR UPDATE`;
+
+const INSERT_SPAWNS_SQL = `
+WITH ins AS (
+  INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error, finished_at)
+  SELECT $1, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, now()), s.input, s.waiting_on,
+         s.state::outlive.task_state, s.last_error, CASE WHEN s.state = 'skipped' THEN coalesce($2::timestamptz, now()) END
+  FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], $9::timestamptz[], $10::jsonb[], $11::int[], $12::text[], $13::text[])
+       AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error)
+  RETURNING id, step
+), edges AS (
+  INSERT INTO outlive.task_deps (task_id, depends_on)
+  SELECT c.id, p.id FROM unnest($14::text[], $15::text[]) AS e(child, parent)
+  JOIN ins c ON c.step = e.child
+  JOIN (SELECT id, step FROM ins UNION ALL SELECT x.id, x.step FROM unnest($16::bigint[], $17::text[]) AS x(id, step)) p ON p.step = e.parent
+)
+SELECT count(*)::int AS n FROM ins`;
+
+const BROKEN = new Set(['failed', 'skipped', 'cancelled']);
+
+/**
+ * Writes the steps a task spawned into its run. Returns how many of them are
+ * unfinished (those born downstream of a failure are written as skipped).
+ */
+export async function insertSpawns(db: Executor, runId: string, spawner: string, steps: readonly PreparedStep[], now: Date | null): Promise<number> {
+  const where = `task ${spawner} spawning into run ${runId}`;
+  const fresh = new Map(steps.map((s) => [s.step, s]));
+  const referenced = new Set<string>(fresh.keys());
+  for (const s of steps) for (const dep of s.after) referenced.add(dep);
+  const existing = await db.query<{ id: string; step: string; state: string }>(LOCK_STEPS_SQL, [runId, [...referenced]]);
+  const byStep = new Map(existing.map((e) => [e.step, e]));
+  for (const s of steps) {
+    if (byStep.has(s.step)) throw new InvalidGraphError(`outlive: ${where}: step "${s.step}" already exists in the run`);
+    for (const dep of s.after) {
+      if (!fresh.has(dep) && !byStep.has(dep)) throw new InvalidGraphError(`outlive: ${where}: step "${s.step}" waits for "${dep}", which is not in the run`);
+    }
+  }
+  // Born skipped: waits (directly or through other new steps) on a step that can never succeed.
+  const skipped = new Map<string, string>();
+  let changed = true;
+  while (changed) {
+    changed = false;
+    for (const s of steps) {
+      if (skipped.has(s.step)) continue;
+      for (const dep of s.after) {
+        const broken = BROKEN.has(byStep.get(dep)?.state ?? '') || skipped.has(dep);
+        if (broken) {
+          skipped.set(s.step, `not run: upstream step "${dep}" did not succeed`);
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  const waiting = steps.map((s) => s.after.filter((dep) => fresh.has(dep) || byStep.get(dep)!.state !== 'succeeded').length);
+  const children: string[] = [];
+  const parents: string[] = [];
+  for (const s of steps) for (const dep of s.after) (children.push(s.step), parents.push(dep));
+  const external = existing.filter((e) => parents.includes(e.step));
+  await db.query(INSERT_SPAWNS_SQL, [
+    runId,
+    now,
+    steps.map((s) => s.step),
+    steps.map((s) => s.name),
+    steps.map((s) => s.queue),
+    steps.map((s) => s.priority),
+    steps.map((s) => s.maxAttempts),
+    steps.map((s) => s.timeoutMs),
+    steps.map((s) => s.runAt),
+    steps.map((s) => s.input),
+    waiting,
+    steps.map((s) => (skipped.has(s.step) ? 'skipped' : 'pending')),
+    steps.map((s) => skipped.get(s.step) ?? null),
+    children,
+    parents,
+    external.map((e) => e.id),
+    external.map((e) => e.step),
+  ]);
+  return steps.length - skipped.size;
+}
+
+/**
+ * Applies the knock-on effects of `rows` (just settled, or just failed by
+ * recovery) in the transaction `db` is in. `spawns` holds what each
+ * succeeded task spawned, by task id.
+ */
+export async function applyRunEffects(
+  db: Executor,
+  rows: readonly RunRow[],
+  spawns: ReadonlyMap<string, readonly PreparedStep[]>,
+  now: Date | null,
+): Promise<void> {
+  const runs = new Map<string, { delta: number; failedTask: string | null; error: string | null }>();
+  const runOf = (id: string) => {
+    let r = runs.get(id);
+    if (!r) runs.set(id, (r = { delta: 0, failedTask: null, error: null }));
+    return r;
+  };
+  const succeeded: string[] = [];
+  for (const row of rows) {
+    if (!row.run_id || row.state === 'pending') continue;
+    const run = runOf(row.run_id);
+    run.delta -= 1;
+    if (row.state === 'succeeded') {
+      succeeded.push(row.id);
+      const spawned = spawns.get(row.id);
+      if (spawned?.length) run.delta += await insertSpawns(db, row.run_id, row.id, spawned, now);
+    }
+  }
+  if (succeeded.length > 0) await db.query(RELEASE_SQL, [succeeded, now]);
+  for (const row of rows) {
+    if (!row.run_id || row.state !== 'failed') continue;
+    const label = row.step ? `step "${row.step}" (task ${row.id})` : `task ${row.id}`;
+    const skipped = await db.query(SKIP_SQL, [row.id, now, `not run: upstream ${label} failed`]);
+    const run = runOf(row.run_id);
+    run.delta -= skipped.length;
+    if (!run.failedTask) {
+      run.failedTask = row.id;
+      run.error = `${label} failed`;
+    }
+  }
+  if (runs.size === 0) return;
+  const ids = [...runs.keys()].sort((a, b) => (BigInt(a) < BigInt(b) ? -1 : 1));
+  await db.query(FINISH_RUNS_SQL, [
+    now,
+    ids,
+    ids.map((id) => runs.get(id)!.delta),
+    ids.map((id) => runs.get(id)!.failedTask),
+    ids.map((id) => runs.get(id)!.error),
+  ]);
+}
