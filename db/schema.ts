@@ -138,3 +138,53 @@ export const taskDeps = outlive.table(
   },
   (t) => [primaryKey({ columns: [t.taskId, t.dependsOn] }), index('task_deps_depends_on_idx').on(t.dependsOn)],
 );
+
+// ---------------------------------------------------------------------------
+// Recurring work (issue 5): the schedules declared in code, and the slots
+// they fired. Written by `enqueueDue` (src/schedule.ts), pruned by retention.
+// ---------------------------------------------------------------------------
+
+/**
+ * One row per schedule declared in code, kept in step with the code by every
+ * `enqueueDue`: a new schedule is inserted, a changed cron or time zone
+ * recomputes `next_slot`, and a schedule no longer in the code is deleted.
+ * The dashboard reads when each schedule last fired and when it fires next.
+ */
+export const schedules = outlive.table('schedules', {
+  name: text('name').primaryKey(),
+  cron: text('cron').notNull(),
+  /** IANA time zone the cron is read in. */
+  timezone: text('timezone').notNull().default('UTC'),
+  /** Name of the task each slot enqueues. */
+  task: text('task').notNull(),
+  /** The earliest slot not yet fired: a tick at or after it has work to do. */
+  nextSlot: timestamp('next_slot', { withTimezone: true }).notNull(),
+  /** The latest slot that enqueued a task. */
+  lastSlot: timestamp('last_slot', { withTimezone: true }),
+  /** When the tick that enqueued `last_slot` ran. */
+  lastFiredAt: timestamp('last_fired_at', { withTimezone: true }),
+  createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+  updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
+});
+
+/**
+ * One row per (schedule, slot time) that enqueued a task. The primary key is
+ * what makes a slot fire exactly once: every tick inserts its slots with
+ * ON CONFLICT DO NOTHING in the same transaction as the task rows, so of any
+ * number of overlapping ticks only one inserts a given slot and its task.
+ */
+export const scheduleSlots = outlive.table(
+  'schedule_slots',
+  {
+    schedule: text('schedule').notNull(),
+    slot: timestamp('slot', { withTimezone: true }).notNull(),
+    /** The task the slot enqueued. No foreign key: retention deletes old tasks, and the slot row must outlive them. */
+    taskId: bigint('task_id', { mode: 'bigint' }),
+    createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.schedule, t.slot] }),
+    // Retention deletes old slots across all schedules, oldest first.
+    index('schedule_slots_slot_idx').on(t.slot),
+  ],
+);

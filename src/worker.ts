@@ -10,6 +10,7 @@
  *
  * Node only: it needs a socket that stays open, which Workers do not keep.
  */
+import { setMaxListeners } from 'node:events';
 import pg from 'pg';
 import { ConfigError, toError } from './errors.js';
 import { applyRetention, retentionConfig, type RetentionOptions, type RetentionReport } from './retention.js';
@@ -198,6 +199,8 @@ export function createWorker(options: WorkerOptions): Worker {
   const ownPool = !options.pool;
   // Aborting this stops the running pass's claims and fires its handlers' signals.
   const abort = new AbortController();
+  // Every running handler listens on it: without this, concurrency above 10 draws Node's leak warning.
+  setMaxListeners(concurrency + 10, abort.signal);
 
   let listener: pg.Client | null = null;
   let reconnectTimer: ReturnType<typeof setTimeout> | undefined;
@@ -456,10 +459,10 @@ export function createWorker(options: WorkerOptions): Worker {
       state = 'stopped';
       return Promise.resolve();
     }
+    // The earliest deadline asked for wins: a second stop (a second SIGINT) may shorten the grace.
+    graceEndsAt = Math.min(graceEndsAt, Date.now() + graceMs);
     if (stopPromise) {
-      // A second stop (a second SIGINT) may shorten the grace period.
-      const endsAt = Date.now() + graceMs;
-      if (endsAt < graceEndsAt) armGrace(graceMs);
+      if (graceTimer !== undefined) armGrace();
       return stopPromise;
     }
     state = 'stopping';
@@ -477,8 +480,8 @@ export function createWorker(options: WorkerOptions): Worker {
         await l.end().catch(() => undefined);
       }
       if (passing) {
-        log.info(`outlive worker: stopping; waiting up to ${graceMs} ms for running tasks`);
-        armGrace(graceMs);
+        log.info(`outlive worker: stopping; waiting up to ${Math.max(0, graceEndsAt - Date.now())} ms for running tasks`);
+        armGrace();
         await passing;
       }
       clearTimeout(graceTimer);
@@ -490,14 +493,13 @@ export function createWorker(options: WorkerOptions): Worker {
     return stopPromise;
   }
 
-  function armGrace(graceMs: number): void {
+  function armGrace(): void {
     clearTimeout(graceTimer);
-    graceEndsAt = Date.now() + graceMs;
     graceTimer = setTimeout(() => {
       if (!passing) return;
       log.warn('outlive worker: grace period over; aborting the tasks still running');
       abort.abort(new Error('the worker is stopping'));
-    }, graceMs);
+    }, Math.max(0, graceEndsAt - Date.now()));
   }
 
   return {
