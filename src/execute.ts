@@ -122,12 +122,31 @@ export async function execute(
     // the race settles the task, and whatever it returns later is dropped.
     const value = await Promise.race([Promise.resolve().then(() => task.run(parsed.data, ctx)), aborted]);
     const output = serialiseOutput(value);
+    if (spawns.length > 0) checkSpawns(claimed, spawns);
     return { id: claimed.id, runId: claimed.run_id, state: 'succeeded', output, ...(spawns.length ? { spawns } : {}) };
   } catch (thrown) {
     return failure(task, claimed, thrown);
   } finally {
     clearTimeout(timer);
     extra.signal?.removeEventListener('abort', onOuterAbort);
+  }
+}
+
+/**
+ * Checks the graph of one attempt's spawns once, after the handler returned
+ * (checking on every spawn would cost O(n^2) for a 10,000-page fan-out).
+ * Steps already in the run cannot wait for new ones, so a cycle can only run
+ * through this attempt's spawns; names outside them are checked to exist when
+ * the spawns are written. A bad graph will not get better on retry.
+ */
+function checkSpawns(claimed: ClaimedTask, spawns: readonly PreparedStep[]): void {
+  const graph = new Map(spawns.map((s) => [s.step, s.after]));
+  const external = new Set<string>();
+  for (const after of graph.values()) for (const dep of after) if (!graph.has(dep)) external.add(dep);
+  try {
+    checkGraph(`task ${claimed.id} ("${claimed.name}") spawning`, graph, external);
+  } catch (err) {
+    throw new NonRetriableError((err as Error).message, { cause: err });
   }
 }
 
@@ -138,6 +157,7 @@ WHERE d.task_id = $1 AND p.state = 'succeeded'`;
 
 function runContext(claimed: ClaimedTask, signal: AbortSignal, spawns: PreparedStep[], db: Executor | undefined): TaskContext {
   const where = `task ${claimed.id} ("${claimed.name}")`;
+  const spawned = new Set<string>();
   const needRun = (what: string) => {
     if (!claimed.run_id) throw new InvalidGraphError(`outlive: ${where}: ${what} needs a task that belongs to a run`);
     if (!db) throw new Error(`outlive: ${where}: ${what} needs the database of the pass`);
@@ -156,13 +176,8 @@ function runContext(claimed: ClaimedTask, signal: AbortSignal, spawns: PreparedS
         throw new InvalidGraphError(`outlive: ${where}: a task may spawn at most ${MAX_STEPS_PER_WRITE} steps`);
       }
       const prepared = prepareStep(`${where} spawning`, name, spec);
-      if (spawns.some((s) => s.step === prepared.step)) {
-        throw new InvalidGraphError(`outlive: ${where}: spawned step "${name}" twice`);
-      }
-      // Cycles among this attempt's spawns are caught here; steps already in
-      // the run cannot wait for new ones, so no cycle can pass through them.
-      const graph = new Map([...spawns, prepared].map((s) => [s.step, s.after]));
-      checkGraph(`${where} spawning`, graph, new Set([...graph.values()].flat().filter((d) => !graph.has(d))));
+      if (spawned.has(prepared.step)) throw new InvalidGraphError(`outlive: ${where}: spawned step "${name}" twice`);
+      spawned.add(prepared.step);
       spawns.push(prepared);
     },
     async output(stepName: string) {

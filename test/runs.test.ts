@@ -296,6 +296,45 @@ describe('rejected graphs write nothing', () => {
   });
 });
 
+describe('spawned graphs are checked too', () => {
+  it('a cycle among one attempt’s spawns fails the task at once, writing none of them', async () => {
+    await clear();
+    let calls = 0;
+    const cyclic = defineTask({ name: 'cyclic-spawner', input: z.object({}), retry: { maxAttempts: 3 }, run: (_i, ctx) => {
+      calls++;
+      ctx.spawn('x', step(work, { label: 'x' }, { after: ['y'] }));
+      ctx.spawn('y', step(work, { label: 'y' }, { after: ['x'] }));
+      return null;
+    } });
+    const run = await startRun(db.pool, 'spawn-cycle', { s: step(cyclic, {}) });
+    await drain([cyclic, work]);
+    expect(calls).toBe(1);
+    const rows = await db.rows<{ step: string; state: string; last_error: string }>(`SELECT step, state::text, last_error FROM outlive.tasks WHERE run_id = $1`, [run.id]);
+    expect(rows).toEqual([{ step: 's', state: 'failed', last_error: expect.stringMatching(/dependency cycle: x -> y -> x/) }]);
+  });
+
+  it('spawning the same step twice throws inside the handler', async () => {
+    await clear();
+    const twice = defineTask({ name: 'twice', input: z.object({}), retry: { maxAttempts: 1 }, run: (_i, ctx) => {
+      ctx.spawn('a', step(work, { label: 'a' }));
+      ctx.spawn('a', step(work, { label: 'a' }));
+    } });
+    const run = await startRun(db.pool, 'spawn-twice', { s: step(twice, {}) });
+    await drain([twice, work]);
+    const rows = await db.rows<{ last_error: string }>(`SELECT last_error FROM outlive.tasks WHERE run_id = $1`, [run.id]);
+    expect(rows).toEqual([{ last_error: expect.stringMatching(/spawned step "a" twice/) }]);
+  });
+
+  it('a task outside a run cannot spawn', async () => {
+    await clear();
+    const lonely = defineTask({ name: 'lonely', input: z.object({}), retry: { maxAttempts: 1 }, run: (_i, ctx) => ctx.spawn('a', step(work, { label: 'a' })) });
+    const { enqueue } = await import('../src/index.js');
+    const t = await enqueue(db.pool, lonely, {});
+    await tick(db.pool, { tasks: [lonely] });
+    expect((await db.rows<{ last_error: string }>(`SELECT last_error FROM outlive.tasks WHERE id = $1`, [t.id]))[0]!.last_error).toMatch(/spawn needs a task that belongs to a run/);
+  });
+});
+
 describe('startRun inside a transaction', () => {
   it('is rolled back with the transaction', async () => {
     await clear();
