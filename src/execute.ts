@@ -29,7 +29,20 @@ export type Outcome = { id: string; runId: string | null } & (
   | { state: 'succeeded'; output: string | null; spawns?: PreparedStep[] }
   | { state: 'pending'; retryAt: Date | null; delayMs: number; error: ErrorEntry }
   | { state: 'failed'; error: ErrorEntry }
+  /** Handed back unfinished (the pass was shutting down): pending again at once, the attempt not counted. */
+  | { state: 'released' }
 );
+
+/**
+ * The reason a pass gives when it aborts its running handlers to shut down.
+ * An attempt aborted with it is handed back, not counted as a failure.
+ */
+export class HandBackError extends Error {
+  constructor(message = 'the pass is shutting down; the task is handed back to run again') {
+    super(message);
+    this.name = 'HandBackError';
+  }
+}
 
 /** The error a handler's signal carries when its timeout fires. */
 export class TaskTimeoutError extends Error {
@@ -125,6 +138,7 @@ export async function execute(
     if (spawns.length > 0) checkSpawns(claimed, spawns);
     return { id: claimed.id, runId: claimed.run_id, state: 'succeeded', output, ...(spawns.length ? { spawns } : {}) };
   } catch (thrown) {
+    if (controller.signal.reason instanceof HandBackError) return { id: claimed.id, runId: claimed.run_id, state: 'released' };
     return failure(task, claimed, thrown);
   } finally {
     clearTimeout(timer);

@@ -175,7 +175,7 @@ export async function applyRunEffects(
   };
   const succeeded: string[] = [];
   for (const row of rows) {
-    if (!row.run_id || row.state === 'pending') continue;
+    if (!row.run_id || row.state === 'pending' || row.state === 'released') continue;
     const run = runOf(row.run_id);
     run.delta -= 1;
     if (row.state === 'succeeded') {

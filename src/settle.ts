@@ -11,9 +11,9 @@ import { inTransaction, toExecutor, type Executor, type PoolLike } from './execu
 import { applyRunEffects, type RunRow } from './release.js';
 import type { PreparedStep } from './runs.js';
 
-/** A row a settle changed. */
+/** A row a settle changed. `released` rows are pending again, their attempt handed back. */
 export interface SettledRow extends RunRow {
-  state: 'pending' | 'succeeded' | 'failed';
+  state: 'pending' | 'succeeded' | 'failed' | 'released';
 }
 
 // One statement settles a whole batch, whatever mix of successes, retries and
@@ -22,21 +22,23 @@ export interface SettledRow extends RunRow {
 // previous settle was in flight into one round trip and one commit.
 export const SETTLE_SQL = `
 UPDATE outlive.tasks t
-SET state = s.state::outlive.task_state,
+SET state = (CASE WHEN s.state = 'released' THEN 'pending' ELSE s.state END)::outlive.task_state,
     output = CASE WHEN s.state = 'succeeded' THEN s.output ELSE t.output END,
+    attempts = CASE WHEN s.state = 'released' THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
     run_at = CASE WHEN s.state = 'pending'
                   THEN coalesce(s.retry_at, coalesce($1::timestamptz, now()) + s.delay_ms * interval '1 millisecond')
+                  WHEN s.state = 'released' THEN coalesce($1::timestamptz, now())
                   ELSE t.run_at END,
     last_error = coalesce(s.error ->> 'message', t.last_error),
     errors = CASE WHEN s.error IS NULL THEN t.errors ELSE t.errors || jsonb_build_array(s.error) END,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    finished_at = CASE WHEN s.state = 'pending' THEN NULL ELSE coalesce($1::timestamptz, now()) END,
+    finished_at = CASE WHEN s.state IN ('pending', 'released') THEN NULL ELSE coalesce($1::timestamptz, now()) END,
     updated_at = coalesce($1::timestamptz, now())
 FROM unnest($2::bigint[], $3::text[], $4::jsonb[], $5::timestamptz[], $6::float8[], $7::jsonb[])
      AS s(id, state, output, retry_at, delay_ms, error)
 WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $8
-RETURNING t.id::text, t.state::text, t.run_id::text, t.step`;
+RETURNING t.id::text, s.state AS state, t.run_id::text, t.step`;
 
 function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
   const ids: string[] = [];
@@ -51,7 +53,7 @@ function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], n
     outputs.push(o.state === 'succeeded' ? o.output : null);
     retryAts.push(o.state === 'pending' ? o.retryAt : null);
     delays.push(o.state === 'pending' ? o.delayMs : 0);
-    errors.push(o.state === 'succeeded' ? null : JSON.stringify(o.error));
+    errors.push(o.state === 'pending' || o.state === 'failed' ? JSON.stringify(o.error) : null);
   }
   return db.query<SettledRow>(SETTLE_SQL, [now, ids, states, outputs, retryAts, delays, errors, owner]);
 }

@@ -9,7 +9,7 @@
  */
 import { claim, type ClaimedTask } from './claim.js';
 import { ConfigError, OutliveError, toError } from './errors.js';
-import { execute, type Outcome } from './execute.js';
+import { execute, HandBackError, type Outcome } from './execute.js';
 import { toExecutor, toPool, type Database } from './executor.js';
 import { recover } from './recover.js';
 import { settle } from './settle.js';
@@ -37,8 +37,15 @@ export interface TickOptions {
   leaseGraceMs?: number;
   /** Time kept back at the end of the budget for the last settles. Default 250 ms. */
   reserveMs?: number;
-  /** Aborting stops claiming and fires the signal of running handlers. */
+  /** Aborting stops claiming; running handlers go on to finish and settle. */
   signal?: AbortSignal;
+  /**
+   * Aborting fires the signal of running handlers with a {@link HandBackError}
+   * and hands their rows back: pending again at once, the attempt not counted
+   * (unless the handler still finished). For graceful shutdown: abort
+   * `signal` first, then this one when the grace period is over.
+   */
+  abort?: AbortSignal;
   /**
    * How often the pass checks that the tasks it has been running for a while
    * still hold their lease (not cancelled, not recovered), and fires the
@@ -61,6 +68,8 @@ export interface TickReport {
   recovered: number;
   /** Outcomes dropped because the lease was lost before settling. */
   lostLeases: number;
+  /** Tasks handed back unfinished because the pass was aborted. */
+  released: number;
   durationMs: number;
   /**
    * Why the pass ended: `drained` when no ready task's timeout fitted in what
@@ -137,6 +146,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     failed: 0,
     recovered: 0,
     lostLeases: 0,
+    released: 0,
     durationMs: 0,
     stoppedBy: 'drained',
   };
@@ -168,6 +178,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
           for (const r of rows) {
             if (r.state === 'succeeded') report.succeeded++;
             else if (r.state === 'pending') report.retried++;
+            else if (r.state === 'released') report.released++;
             else report.failed++;
           }
           report.lostLeases += batch.length - rows.length;
@@ -211,12 +222,13 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     running++;
     unsettled++;
     const controller = new AbortController();
-    const onPassAbort = () => controller.abort(options.signal?.reason);
-    options.signal?.addEventListener('abort', onPassAbort, { once: true });
+    const onPassAbort = () => controller.abort(new HandBackError());
+    if (options.abort?.aborted) onPassAbort();
+    else options.abort?.addEventListener('abort', onPassAbort, { once: true });
     active.set(row.id, { controller, since: performance.now() });
     void execute(registry.get(row.name), row, { signal: controller.signal, db: exec }).then((outcome) => {
       active.delete(row.id);
-      options.signal?.removeEventListener('abort', onPassAbort);
+      options.abort?.removeEventListener('abort', onPassAbort);
       running--;
       queue.push(outcome);
       void flush();
@@ -233,7 +245,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     // pay one claim round trip per finished task.
     const minBatch = Math.max(1, Math.floor(concurrency / 2));
     for (;;) {
-      if (options.signal?.aborted) {
+      if (options.signal?.aborted || options.abort?.aborted) {
         report.stoppedBy = 'signal';
         break;
       }
@@ -248,9 +260,10 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       }
       const free = concurrency - running;
       if (free >= minBatch || running === 0) {
+        const limit = Math.min(free, maxTasks - report.claimed);
         const rows = await claim(exec, {
           owner,
-          limit: Math.min(free, maxTasks - report.claimed),
+          limit,
           maxTimeoutMs: remaining,
           queues,
           leaseGraceMs,
@@ -259,7 +272,10 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         report.claimed += rows.length;
         for (const row of rows) start(row);
         if (rows.length === 0 && running === 0 && unsettled === 0) break;
-        if (rows.length > 0 && running < concurrency) continue;
+        // A full batch means there may be more: claim again while slots are
+        // free. A short one means the queue ran dry for now: wait for a task
+        // to finish (its settle may release dependents) before asking again.
+        if (rows.length === limit && running < concurrency) continue;
       }
       await nextProgress();
     }

@@ -197,7 +197,10 @@ export function createWorker(options: WorkerOptions): Worker {
   let state: Worker['state'] = 'idle';
   let pool: pg.Pool | null = options.pool ?? null;
   const ownPool = !options.pool;
-  // Aborting this stops the running pass's claims and fires its handlers' signals.
+  // stop() fires `draining` at once: the running pass claims nothing more.
+  // When the grace period is over it fires `abort`: the pass aborts its
+  // handlers and hands their rows back, retryable at once, attempt not counted.
+  const draining = new AbortController();
   const abort = new AbortController();
   // Every running handler listens on it: without this, concurrency above 10 draws Node's leak warning.
   setMaxListeners(concurrency + 10, abort.signal);
@@ -257,7 +260,7 @@ export function createWorker(options: WorkerOptions): Worker {
       const recover = performance.now() - lastRecover >= pollIntervalMs;
       if (recover) lastRecover = performance.now();
       try {
-        report = await tick(pool!, { tasks: registry, concurrency, queues, budgetMs, owner, recover, signal: abort.signal });
+        report = await tick(pool!, { tasks: registry, concurrency, queues, budgetMs, owner, recover, signal: draining.signal, abort: abort.signal });
       } catch (err) {
         stats.errors++;
         log.error(`outlive worker: pass failed: ${toError(err).message}; next try in ${pollIntervalMs} ms`);
@@ -466,6 +469,7 @@ export function createWorker(options: WorkerOptions): Worker {
       return stopPromise;
     }
     state = 'stopping';
+    draining.abort();
     stopPromise = (async () => {
       // A stop during start (a signal while connecting) lets the start finish first, so nothing it opens is left open.
       await starting?.catch(() => undefined);
@@ -498,7 +502,7 @@ export function createWorker(options: WorkerOptions): Worker {
     graceTimer = setTimeout(() => {
       if (!passing) return;
       log.warn('outlive worker: grace period over; aborting the tasks still running');
-      abort.abort(new Error('the worker is stopping'));
+      abort.abort();
     }, Math.max(0, graceEndsAt - Date.now()));
   }
 

@@ -39,3 +39,38 @@ describe('tick configuration', () => {
     await expect(tick(db.pool, { tasks: [a, b] })).rejects.toThrow(/two tasks are named "twin"/);
   });
 });
+
+describe('shutting a pass down', () => {
+  it('stops claiming on signal, then hands running tasks back on abort without counting the attempt', async () => {
+    await db.pool.query('DELETE FROM outlive.tasks');
+    let started = 0;
+    const slow = defineTask({
+      name: 'slow-shutdown',
+      input: z.object({ i: z.number() }),
+      timeoutMs: 10_000,
+      run: ({ i }, ctx) =>
+        new Promise((resolve, reject) => {
+          started++;
+          if (i === 0) setTimeout(() => resolve('quick'), 20);
+          ctx.signal.addEventListener('abort', () => reject(ctx.signal.reason));
+        }),
+    });
+    for (let i = 0; i < 5; i++) await enqueue(db.pool, slow, { i });
+    const stopClaiming = new AbortController();
+    const abort = new AbortController();
+    const pass = tick(db.pool, { tasks: [slow], concurrency: 3, signal: stopClaiming.signal, abort: abort.signal });
+    while (started < 3) await new Promise((r) => setTimeout(r, 5));
+    stopClaiming.abort();
+    await new Promise((r) => setTimeout(r, 100));
+    abort.abort();
+    const report = await pass;
+    expect(report).toMatchObject({ claimed: 3, succeeded: 1, released: 2, retried: 0, failed: 0, stoppedBy: 'signal' });
+    const rows = await db.rows<{ state: string; attempts: number; n: number }>(
+      `SELECT state::text, attempts, count(*)::int AS n FROM outlive.tasks GROUP BY 1, 2 ORDER BY 1, 2`,
+    );
+    expect(rows).toEqual([
+      { state: 'pending', attempts: 0, n: 4 },
+      { state: 'succeeded', attempts: 1, n: 1 },
+    ]);
+  });
+});

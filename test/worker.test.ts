@@ -302,7 +302,7 @@ describe('the worker in this process (createWorker)', () => {
     expect(row!.last_slot).toBeInstanceOf(Date);
   });
 
-  it('aborts a task that outlives the grace period through its signal, and leaves no row running; a second stop shortens the grace', async () => {
+  it('aborts a task that outlives the grace period through its signal and hands its row back; a second stop shortens the grace', async () => {
     const own = await freshDb();
     let started = false;
     const stuck = defineTask({
@@ -325,12 +325,12 @@ describe('the worker in this process (createWorker)', () => {
     // As a second SIGINT does: the grace ends now.
     await worker.stop({ graceMs: 0 });
     await first;
-    const [row] = await own.rows<{ state: string; lease_owner: string | null; last_error: string }>(
-      `SELECT state::text, lease_owner, last_error FROM outlive.tasks WHERE id = $1`,
+    const [row] = await own.rows<{ state: string; lease_owner: string | null; last_error: string | null; attempts: number; due: boolean }>(
+      `SELECT state::text, lease_owner, last_error, attempts, run_at <= now() AS due FROM outlive.tasks WHERE id = $1`,
       [id],
     );
-    // Until the engine hands rows back without counting the attempt, an aborted task is retried as a failed attempt.
-    expect(row).toEqual({ state: 'pending', lease_owner: null, last_error: 'the worker is stopping' });
+    // Handed back: pending and due at once, the attempt not counted, no error recorded.
+    expect(row).toEqual({ state: 'pending', lease_owner: null, last_error: null, attempts: 0, due: true });
   });
 
   it('checks its options before connecting', () => {
