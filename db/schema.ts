@@ -188,3 +188,22 @@ export const scheduleSlots = outlive.table(
     index('schedule_slots_slot_idx').on(t.slot),
   ],
 );
+
+// ---------------------------------------------------------------------------
+// Serverless functions (issue 4): nonces of accepted drain requests, so a
+// captured signed request cannot be replayed. Read and written by src/nudge.ts.
+// ---------------------------------------------------------------------------
+
+/**
+ * One row per accepted drain request. A row is kept until `expires_at`
+ * (its signed timestamp plus twice the tolerance), after which the timestamp
+ * alone rejects a replay and the row is pruned by the next accepted request.
+ */
+export const usedNonces = outlive.table(
+  'used_nonces',
+  {
+    nonce: text('nonce').primaryKey(),
+    expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
+  },
+  (t) => [index('used_nonces_expires_idx').on(t.expiresAt)],
+);

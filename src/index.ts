@@ -18,7 +18,7 @@ export type { TickOptions, TickReport } from './tick.js';
 export { recover } from './recover.js';
 export type { RecoverReport } from './recover.js';
 export { migrate } from './migrate.js';
-export { MAX_OUTPUT_BYTES, TaskTimeoutError } from './execute.js';
+export { MAX_OUTPUT_BYTES, TaskTimeoutError, HandBackError } from './execute.js';
 export type { ErrorEntry } from './execute.js';
 export {
   OutliveError,

@@ -189,9 +189,10 @@ export async function useNonce(db: Executor, nonce: string, timestamp: Date, opt
 }
 
 /**
- * Verifies a drain request: its signature over the body, its freshness, and
- * that its nonce has not been used. Reads the body (pass a request whose body
- * is unread) and returns it with the verdict.
+ * Verifies a drain request: its signature (the {@link SIGNATURE_HEADER}
+ * header's value) over the body, its freshness, and that its nonce has not
+ * been used. The nonce is spent only when the signature is valid and fresh,
+ * so forged or stale requests cannot fill the table.
  *
  * Status to answer with when it fails: 401 for `missing`, `malformed`,
  * `wrong` and `stale`; 403 for `replayed` (well signed, but spent).
@@ -199,15 +200,14 @@ export async function useNonce(db: Executor, nonce: string, timestamp: Date, opt
 export async function verifyNudge(
   db: Executor,
   secret: string,
-  request: Request,
+  signature: string | null | undefined,
+  body: string,
   options: VerifyOptions = {},
-): Promise<{ verification: Verification; body: string }> {
-  checkSecret(secret);
-  const body = await request.text();
-  const verification = await verifySignature(secret, request.headers.get(SIGNATURE_HEADER), body, options);
-  if (!verification.ok) return { verification, body };
+): Promise<Verification> {
+  const verification = await verifySignature(secret, signature, body, options);
+  if (!verification.ok) return verification;
   const fresh = await useNonce(db, verification.nonce, verification.timestamp, options);
-  return { verification: fresh ? verification : { ok: false, reason: 'replayed' }, body };
+  return fresh ? verification : { ok: false, reason: 'replayed' };
 }
 
 /** The HTTP status for a refused drain request. */

@@ -1,0 +1,1 @@
+export { POST } from '../functions/vercel/drain.js';

@@ -1,0 +1,141 @@
+/**
+ * Enqueue inside drizzle neon-http's `db.batch([...])`: the business write
+ * and the task row commit together, or not at all, over HTTP. The driver
+ * talks Neon's SQL-over-HTTP protocol to a local server of that protocol
+ * that runs every statement on the real PostgreSQL (test/support/neon-http.ts).
+ */
+import { neon, neonConfig } from '@neondatabase/serverless';
+import { drizzle } from 'drizzle-orm/neon-http';
+import { drizzle as drizzlePg } from 'drizzle-orm/node-postgres';
+import { pgTable, text, uuid } from 'drizzle-orm/pg-core';
+import { afterAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { batchEnqueue, enqueuedFrom, enqueueSql } from '../../src/batch.js';
+import { InvalidEnqueueError } from '../../src/errors.js';
+import { defineTask } from '../../src/task.js';
+import { tick } from '../../src/tick.js';
+import { freshDb } from '../support/db.js';
+import { roleUrl } from '../support/functions-db.js';
+import { startNeonHttp } from '../support/neon-http.js';
+import { taskRow } from '../support/tasks.js';
+
+const db = await freshDb();
+await db.pool.query(`CREATE TABLE signups (id uuid PRIMARY KEY, email text NOT NULL UNIQUE, welcomed boolean NOT NULL DEFAULT false)`);
+const { url } = await roleUrl(db); // neon() wants a password in the URL
+const server = await startNeonHttp(db.url);
+afterAll(() => server.close());
+neonConfig.fetchEndpoint = server.endpoint;
+
+const signups = pgTable('signups', { id: uuid('id').primaryKey(), email: text('email').notNull() });
+const http = drizzle(neon(url));
+
+const welcome = defineTask({
+  name: 'welcome',
+  input: z.object({ signupId: z.string().uuid() }),
+  async run({ signupId }) {
+    await db.pool.query('UPDATE signups SET welcomed = true WHERE id = $1', [signupId]);
+    return { welcomed: signupId };
+  },
+});
+
+async function count(sql: string, params: unknown[] = []): Promise<number> {
+  return (await db.rows<{ n: number }>(sql, params))[0]!.n;
+}
+
+describe('batchEnqueue in a neon-http db.batch', () => {
+  it('commits the business write and the task row in one transaction, then a pass runs the task', async () => {
+    const id = crypto.randomUUID();
+    const before = server.requests;
+    const [inserted, queued] = await http.batch([
+      http.insert(signups).values({ id, email: 'ada@example.com' }).returning({ id: signups.id }),
+      batchEnqueue(http, welcome, { signupId: id }, { priority: 3 }),
+    ]);
+    expect(server.requests - before).toBe(1); // one HTTP round trip for both
+    expect(inserted).toEqual([{ id }]);
+    const task = enqueuedFrom(welcome, queued);
+    expect(task).toMatchObject({ name: 'welcome', queue: 'default', state: 'pending', deduplicated: false });
+    expect(task.runAt).toBeInstanceOf(Date);
+    expect(Number.isNaN(task.runAt.getTime())).toBe(false);
+    const row = await taskRow(db.pool, task.id);
+    expect(row).toMatchObject({ name: 'welcome', state: 'pending', priority: 3, input: { signupId: id }, max_attempts: 5, timeout_ms: 15_000 });
+    expect(row.run_at.getTime()).toBe(task.runAt.getTime());
+
+    const report = await tick(db.pool, { tasks: [welcome] });
+    expect(report).toMatchObject({ claimed: 1, succeeded: 1 });
+    expect(await count(`SELECT count(*)::int AS n FROM signups WHERE id = $1 AND welcomed`, [id])).toBe(1);
+  });
+
+  it('rolls the task row back with the batch when a later statement fails', async () => {
+    const taken = crypto.randomUUID();
+    await db.pool.query(`INSERT INTO signups (id, email) VALUES ($1, 'taken@example.com')`, [taken]);
+    const id = crypto.randomUUID();
+    const tasksBefore = await count(`SELECT count(*)::int AS n FROM outlive.tasks`);
+    await expect(
+      http.batch([
+        batchEnqueue(http, welcome, { signupId: id }),
+        http.insert(signups).values({ id, email: 'taken@example.com' }), // unique violation
+      ]),
+    ).rejects.toMatchObject({ code: '23505' });
+    expect(await count(`SELECT count(*)::int AS n FROM outlive.tasks`)).toBe(tasksBefore);
+    expect(await count(`SELECT count(*)::int AS n FROM signups WHERE id = $1`, [id])).toBe(0);
+  });
+
+  it('refuses an invalid input before anything is sent', async () => {
+    const before = server.requests;
+    expect(() => batchEnqueue(http, welcome, { signupId: 'not-a-uuid' })).toThrow(InvalidEnqueueError);
+    expect(() => batchEnqueue(http, welcome, { signupId: crypto.randomUUID() }, { timeoutMs: -1 })).toThrow(/timeoutMs/);
+    expect(() => batchEnqueue(http, welcome, { signupId: crypto.randomUUID() }, { key: '' })).toThrow(/key/);
+    expect(server.requests).toBe(before);
+  });
+
+  it('returns the unfinished task with the same key instead of a second row', async () => {
+    const id = crypto.randomUUID();
+    const key = `welcome-${id}`;
+    const [first] = await http.batch([batchEnqueue(http, welcome, { signupId: id }, { key })]);
+    const [, second] = await http.batch([
+      http.insert(signups).values({ id, email: `${id}@example.com` }),
+      batchEnqueue(http, welcome, { signupId: id }, { key }),
+    ]);
+    const a = enqueuedFrom(welcome, first);
+    const b = enqueuedFrom(welcome, second);
+    expect(a.deduplicated).toBe(false);
+    expect(b).toMatchObject({ id: a.id, deduplicated: true });
+    expect(await count(`SELECT count(*)::int AS n FROM outlive.tasks WHERE key = $1`, [key])).toBe(1);
+  });
+
+  it('passes runAt and delayMs through, computed on the database clock', async () => {
+    const runAt = new Date(Date.now() + 3_600_000);
+    const [at, later] = await http.batch([
+      batchEnqueue(http, welcome, { signupId: crypto.randomUUID() }, { runAt, queue: 'mail' }),
+      batchEnqueue(http, welcome, { signupId: crypto.randomUUID() }, { delayMs: 60_000 }),
+    ]);
+    const a = enqueuedFrom(welcome, at);
+    expect(a).toMatchObject({ queue: 'mail' });
+    expect(a.runAt.getTime()).toBe(runAt.getTime());
+    const b = await taskRow(db.pool, enqueuedFrom(welcome, later).id);
+    const { ahead } = (
+      await db.rows<{ ahead: number }>(`SELECT extract(epoch FROM run_at - created_at)::float8 AS ahead FROM outlive.tasks WHERE id = $1`, [b.id])
+    )[0]!;
+    expect(ahead).toBeCloseTo(60, 0);
+  });
+});
+
+describe('enqueueSql in other drivers', () => {
+  it('is the same statement in a node-postgres drizzle transaction, rolled back with it', async () => {
+    const pgDb = drizzlePg(db.pool);
+    const id = crypto.randomUUID();
+    let taskId = '';
+    await expect(
+      pgDb.transaction(async (tx) => {
+        taskId = enqueuedFrom(welcome, await tx.execute(enqueueSql(welcome, { signupId: id }))).id;
+        throw new Error('changed my mind');
+      }),
+    ).rejects.toThrow('changed my mind');
+    expect(taskId).not.toBe('');
+    expect(await taskRow(db.pool, taskId)).toBeUndefined();
+    await pgDb.transaction(async (tx) => {
+      taskId = enqueuedFrom(welcome, await tx.execute(enqueueSql(welcome, { signupId: id }))).id;
+    });
+    expect(await taskRow(db.pool, taskId)).toMatchObject({ state: 'pending', input: { signupId: id } });
+  });
+});

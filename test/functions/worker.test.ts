@@ -1,0 +1,294 @@
+/**
+ * The Cloudflare Worker, bundled and run in Miniflare (workerd), reaching the
+ * real PostgreSQL through the Neon WebSocket driver and a local proxy.
+ */
+import { afterAll, describe, expect, it } from 'vitest';
+import { enqueue } from '../../src/enqueue.js';
+import { nudge, signNudge, SIGNATURE_HEADER } from '../../src/nudge.js';
+import { freshDb } from '../support/db.js';
+import { definitions } from '../support/function-tasks.js';
+import { roleUrl, waitFor } from '../support/functions-db.js';
+import { createEffects, taskRow } from '../support/tasks.js';
+import { bundleWorker, startWorker, type RunningWorker } from '../support/worker.js';
+import { startWsProxy } from '../support/ws-proxy.js';
+
+const db = await freshDb();
+await createEffects(db.pool);
+const { url: databaseUrl, password } = await roleUrl(db);
+const target = new URL(db.url);
+const proxy = await startWsProxy(`${target.hostname}:${target.port || 5432}`);
+const script = await bundleWorker('test/support/function-tasks.ts');
+const SECRET = Array.from(crypto.getRandomValues(new Uint8Array(32)), (b) => b.toString(16).padStart(2, '0')).join('');
+const defs = definitions(null);
+
+const workers: RunningWorker[] = [];
+/** Every response body the tests saw, to search for secrets at the end. */
+const bodies: string[] = [];
+
+async function worker(extra: Record<string, string> = {}): Promise<RunningWorker> {
+  const w = await startWorker(script, {
+    DATABASE_URL: databaseUrl,
+    NEON_WS_PROXY: `ws://${proxy.address}`,
+    OUTLIVE_DRAIN_SECRET: SECRET,
+    ...extra,
+  });
+  workers.push(w);
+  return w;
+}
+
+afterAll(async () => {
+  for (const w of workers) await w.dispose();
+  await proxy.close();
+});
+
+const main = await worker({ OUTLIVE_BUDGET_MS: '8000' });
+
+async function text(response: Response): Promise<{ status: number; body: string; json: any }> {
+  const body = await response.text();
+  bodies.push(body);
+  let parsed: unknown = null;
+  try {
+    parsed = JSON.parse(body);
+  } catch {
+    // not JSON
+  }
+  return { status: response.status, body, json: parsed };
+}
+
+async function drain(w: RunningWorker, body = '', headers: Record<string, string> = {}, signature?: string) {
+  const sig = signature ?? (await signNudge(SECRET, body));
+  return text(await w.fetch('/drain', { method: 'POST', headers: { [SIGNATURE_HEADER]: sig, ...headers }, body }));
+}
+
+async function record(n: number, options: { sleepMs?: number } = {}) {
+  return enqueue(db.pool, defs.record, options.sleepMs === undefined ? { n } : { n, sleepMs: options.sleepMs });
+}
+
+async function effectsOf(ids: string[]): Promise<Record<string, string[]>> {
+  const rows = await db.rows<{ task_id: string; label: string }>(
+    `SELECT task_id::text, label FROM effects WHERE task_id = ANY($1::bigint[]) ORDER BY at`,
+    [ids],
+  );
+  const out: Record<string, string[]> = {};
+  for (const r of rows) (out[r.task_id] ??= []).push(r.label);
+  return out;
+}
+
+async function states(ids: string[]): Promise<Record<string, number>> {
+  const rows = await db.rows<{ state: string; n: number }>(
+    `SELECT state::text, count(*)::int AS n FROM outlive.tasks WHERE id = ANY($1::bigint[]) GROUP BY state`,
+    [ids],
+  );
+  return Object.fromEntries(rows.map((r) => [r.state, r.n]));
+}
+
+describe('the drain webhook (POST /drain)', () => {
+  it('runs an enqueued task before it answers, when the request is signed', async () => {
+    const t = await record(1);
+    const res = await drain(main);
+    expect(res.status).toBe(200);
+    expect(res.json.report).toMatchObject({ claimed: 1, succeeded: 1, failed: 0 });
+    expect(await taskRow(db.pool, t.id)).toMatchObject({ state: 'succeeded', attempts: 1, output: { n: 1 } });
+    expect(await effectsOf([t.id])).toEqual({ [t.id]: ['1'] });
+  });
+
+  it('answers a nudge at once (202) and runs the pass in waitUntil, then closes its pool', async () => {
+    const t = await record(2);
+    const result = await nudge(main.url('/drain'), SECRET);
+    expect(result).toEqual({ delivered: true, status: 202 });
+    const row = await waitFor(async () => {
+      const r = await taskRow(db.pool, t.id);
+      return r.state === 'succeeded' ? r : undefined;
+    }, 20_000, 'the nudged task to succeed');
+    expect(row.attempts).toBe(1);
+    // The invocation's pool is closed through waitUntil: its WebSockets go away.
+    await waitFor(async () => proxy.open === 0, 20_000, 'the pool to close');
+  });
+
+  it('refuses missing, malformed, wrong, tampered, stale and future signatures with 401 and runs nothing', async () => {
+    const t = await record(3);
+    const nonces = async () => (await db.rows<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.used_nonces`))[0]!.n;
+    const noncesBefore = await nonces();
+    const body = '{"queues":["default"]}';
+    const attempts: [string, Promise<{ status: number; json: any }>][] = [
+      ['unsigned', text(await main.fetch('/drain', { method: 'POST', body }))],
+      ['malformed', drain(main, body, {}, 't=abc,n=x,v1=zz')],
+      ['wrong secret', drain(main, body, {}, await signNudge('x'.repeat(64), body))],
+      ['tampered body', drain(main, '{"queues":["other"]}', {}, await signNudge(SECRET, body))],
+      ['stale', drain(main, body, {}, await signNudge(SECRET, body, { now: new Date(Date.now() - 10 * 60_000) }))],
+      ['future', drain(main, body, {}, await signNudge(SECRET, body, { now: new Date(Date.now() + 10 * 60_000) }))],
+    ];
+    for (const [what, attempt] of attempts) {
+      const res = await attempt;
+      expect({ what, status: res.status }).toEqual({ what, status: 401 });
+      expect(typeof res.json.error).toBe('string');
+    }
+    // Refused before any pass was started, so nothing ran and nothing will.
+    expect(await taskRow(db.pool, t.id)).toMatchObject({ state: 'pending', attempts: 0 });
+    expect(await nonces()).toBe(noncesBefore); // refused before the nonce was spent
+
+    // A signed request now drains it (the refusals did not poison anything).
+    const ok = await drain(main, body);
+    expect(ok.status).toBe(200);
+    expect(await taskRow(db.pool, t.id)).toMatchObject({ state: 'succeeded' });
+  });
+
+  it('refuses a replayed request with 403 and runs nothing', async () => {
+    const first = await record(4);
+    const signature = await signNudge(SECRET, '');
+    const accepted = await drain(main, '', {}, signature);
+    expect(accepted.status).toBe(200);
+    expect(await taskRow(db.pool, first.id)).toMatchObject({ state: 'succeeded' });
+
+    const second = await record(5);
+    const replayed = await drain(main, '', {}, signature);
+    expect(replayed.status).toBe(403);
+    expect(replayed.json.error).toMatch(/already used/);
+    expect(await taskRow(db.pool, second.id)).toMatchObject({ state: 'pending', attempts: 0 });
+    // Two replays racing each other: both refused.
+    const [a, b] = await Promise.all([drain(main, '', {}, signature), drain(main, '', {}, signature)]);
+    expect([a.status, b.status]).toEqual([403, 403]);
+    expect(await taskRow(db.pool, second.id)).toMatchObject({ state: 'pending', attempts: 0 });
+    await drain(main);
+  });
+
+  it('does not claim a task whose timeout does not fit in the budget', async () => {
+    const long = await enqueue(db.pool, defs.long, {});
+    const short = await record(6);
+    const res = await drain(main);
+    expect(res.status).toBe(200);
+    expect(res.json.report).toMatchObject({ claimed: 1, succeeded: 1 });
+    expect(await taskRow(db.pool, short.id)).toMatchObject({ state: 'succeeded' });
+    expect(await taskRow(db.pool, long.id)).toMatchObject({ state: 'pending', attempts: 0, started_at: null });
+    await db.pool.query(`UPDATE outlive.tasks SET state = 'cancelled', finished_at = now() WHERE id = $1`, [long.id]);
+  });
+
+  it('runs two concurrent drains over disjoint tasks: every task once', async () => {
+    const tasks = await Promise.all(Array.from({ length: 30 }, (_, i) => record(100 + i, { sleepMs: 20 })));
+    const ids = tasks.map((t) => t.id);
+    const [a, b] = await Promise.all([drain(main), drain(main)]);
+    expect([a.status, b.status]).toEqual([200, 200]);
+    expect(a.json.report.claimed + b.json.report.claimed).toBe(30);
+    expect(await states(ids)).toEqual({ succeeded: 30 });
+    const effects = await effectsOf(ids);
+    expect(Object.keys(effects)).toHaveLength(30);
+    for (const id of ids) expect(effects[id]).toHaveLength(1);
+  });
+
+  it('answers 404 elsewhere and 405 to other methods', async () => {
+    expect((await text(await main.fetch('/other', { method: 'POST' }))).status).toBe(404);
+    expect((await text(await main.fetch('/drain'))).status).toBe(405);
+  });
+});
+
+describe('the cron trigger (scheduled)', () => {
+  it('recovers an expired lease, then runs a pass', async () => {
+    const dead = await record(200);
+    // A pass that died mid-task: running, lease expired.
+    await db.pool.query(
+      `UPDATE outlive.tasks SET state = 'running', attempts = 1, lease_owner = 'dead-pass',
+         started_at = now() - interval '1 minute', lease_expires_at = now() - interval '1 second' WHERE id = $1`,
+      [dead.id],
+    );
+    const ready = await record(201);
+    const { outcome } = await main.scheduled();
+    expect(outcome).toBe('ok');
+    expect(await taskRow(db.pool, ready.id)).toMatchObject({ state: 'succeeded' });
+    const recovered = await taskRow(db.pool, dead.id);
+    expect(recovered).toMatchObject({ state: 'pending', lease_owner: null, attempts: 1 });
+    expect(recovered.errors.at(-1)).toMatchObject({ name: 'LeaseExpired', attempt: 1 });
+    // Its backoff over, the next tick runs it.
+    await db.pool.query(`UPDATE outlive.tasks SET run_at = now() WHERE id = $1`, [dead.id]);
+    await main.scheduled();
+    expect(await taskRow(db.pool, dead.id)).toMatchObject({ state: 'succeeded', attempts: 2 });
+    expect(main.output()).toMatch(/"outlive":"pass".*"trigger":"cron"/);
+  });
+
+  it('drains a backlog across several bounded passes', async () => {
+    // Budget 3 s, less 250 ms kept for the last settles: a task (timeout 1 s)
+    // is claimed only in the first 1.75 s of a pass, so a pass of 2 handlers
+    // at 200 ms each takes at most 18 of the 40 tasks.
+    const small = await worker({ OUTLIVE_BUDGET_MS: '3000', OUTLIVE_CONCURRENCY: '2' });
+    const ids = (await Promise.all(Array.from({ length: 40 }, (_, i) => enqueue(db.pool, defs.quick, { n: 300 + i, sleepMs: 200 })))).map(
+      (t) => t.id,
+    );
+    expect((await small.scheduled()).outcome).toBe('ok');
+    expect((await states(ids)).pending).toBeGreaterThan(0);
+    let passes = 1;
+    while ((await states(ids)).succeeded !== ids.length && passes < 40) {
+      expect((await small.scheduled()).outcome).toBe('ok');
+      passes++;
+    }
+    expect(passes).toBeGreaterThanOrEqual(3);
+    expect(await states(ids)).toEqual({ succeeded: 40 });
+    const effects = await effectsOf(ids);
+    for (const id of ids) expect(effects[id]).toHaveLength(1);
+    const reports = small
+      .output()
+      .split('\n')
+      .filter((line) => line.includes('"outlive":"pass"'))
+      .map((line) => JSON.parse(line));
+    expect(reports).toHaveLength(passes);
+    // No pass took more than its budget lets it claim.
+    for (const r of reports) expect(r.claimed).toBeLessThanOrEqual(18);
+    expect(reports.reduce((sum, r) => sum + r.succeeded, 0)).toBe(40);
+    await small.dispose();
+  }, 90_000);
+
+  it('runs two overlapping scheduled events over disjoint tasks: every task once', async () => {
+    const ids = (await Promise.all(Array.from({ length: 30 }, (_, i) => record(400 + i, { sleepMs: 20 })))).map((t) => t.id);
+    const other = await worker({ OUTLIVE_BUDGET_MS: '8000' });
+    const outcomes = await Promise.all([main.scheduled(), other.scheduled()]);
+    expect(outcomes.map((o) => o.outcome)).toEqual(['ok', 'ok']);
+    expect(await states(ids)).toEqual({ succeeded: 30 });
+    const effects = await effectsOf(ids);
+    for (const id of ids) expect(effects[id]).toHaveLength(1);
+    await other.dispose();
+  }, 60_000);
+
+  it('leaves a lease that the next tick recovers when the Worker dies mid-task', async () => {
+    const doomed = await worker({ OUTLIVE_BUDGET_MS: '15000' });
+    const t = await enqueue(db.pool, defs.hang, {});
+    const event = doomed.scheduled().catch((err: unknown) => err);
+    await waitFor(async () => (await effectsOf([t.id]))[t.id]?.includes('started'), 20_000, 'the handler to start');
+    await doomed.dispose(); // workerd is killed while the handler hangs
+    await event;
+    const orphan = await taskRow(db.pool, t.id);
+    expect(orphan).toMatchObject({ state: 'running', attempts: 1 });
+    expect(orphan.lease_owner).toMatch(/^cloudflare:cron:/);
+
+    // Time passes (the lease is backdated rather than waited for).
+    await db.pool.query(`UPDATE outlive.tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, [t.id]);
+    const next = await worker({ OUTLIVE_BUDGET_MS: '15000' });
+    await next.scheduled();
+    const recovered = await taskRow(db.pool, t.id);
+    expect(recovered).toMatchObject({ state: 'pending', attempts: 1, lease_owner: null });
+    expect(recovered.errors.at(-1)).toMatchObject({ name: 'LeaseExpired' });
+    await db.pool.query(`UPDATE outlive.tasks SET run_at = now() WHERE id = $1`, [t.id]);
+    await next.scheduled();
+    expect(await taskRow(db.pool, t.id)).toMatchObject({ state: 'succeeded', attempts: 2 });
+    expect((await effectsOf([t.id]))[t.id]).toEqual(['started', 'attempt-2']);
+    await next.dispose();
+  }, 60_000);
+});
+
+describe('secrets', () => {
+  it('never appear in a response or a log line, even when a pass fails', async () => {
+    // A database that does not exist: the pass fails and logs why.
+    const broken = new URL(databaseUrl);
+    broken.pathname = '/no_such_database';
+    const failing = await worker({ DATABASE_URL: broken.toString(), CRON_SECRET: 'cron-' + SECRET.slice(0, 24) });
+    const event = await failing.scheduled().catch((err: unknown) => ({ outcome: String(err) }));
+    expect(event.outcome).not.toBe('ok');
+    bodies.push(event.outcome);
+    bodies.push((await drain(failing)).body);
+    await waitFor(async () => /pass-failed|drain-verify-error/.test(failing.output()), 10_000, 'the failure to be logged');
+
+    const everything = [...workers.map((w) => w.output()), ...bodies].join('\n');
+    expect(everything).toMatch(/"outlive":"pass"/); // the logs are there to search
+    expect(everything).toMatch(/no_such_database/); // and they do say what went wrong
+    for (const secret of [SECRET, password, databaseUrl, 'cron-' + SECRET.slice(0, 24)]) {
+      expect(everything.includes(secret)).toBe(false);
+    }
+  });
+});
