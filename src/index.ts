@@ -12,6 +12,8 @@ export type { Step, StepOptions, StartedRun } from './runs.js';
 export { cancelRun } from './cancel.js';
 export type { CancelReport } from './cancel.js';
 export { explainRun } from './explain.js';
+export { retryRun, retryTask } from './retry.js';
+export type { RetryReport } from './retry.js';
 export type { ExplainedRun, ExplainedTask } from './explain.js';
 export { tick, PassError, LeaseLostError } from './tick.js';
 export type { TickOptions, TickReport } from './tick.js';
