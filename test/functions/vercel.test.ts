@@ -124,7 +124,8 @@ describe('the Vercel drain route (POST, signed)', () => {
     const res = await call(POST, await drainRequest('', undefined, { prefer: 'respond-async' }));
     expect(res.status).toBe(200);
     expect(res.headers.get('preference-applied')).toBeNull();
-    expect(res.json.report).toMatchObject({ succeeded: 1 });
+    // At least this test's task (the task recovered above may come due meanwhile).
+    expect(res.json.report.succeeded).toBeGreaterThanOrEqual(1);
     expect(await taskRow(db.pool, t.id)).toMatchObject({ state: 'succeeded' });
   });
 
