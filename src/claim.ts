@@ -62,12 +62,9 @@ RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.ti
 /** Claims up to `limit` ready tasks in one statement, marking them running under `owner`'s lease. */
 export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTask[]> {
   if (req.limit <= 0) return [];
-  return db.query<ClaimedTask>(CLAIM_SQL, [
-    req.now,
-    Math.floor(req.maxTimeoutMs),
-    req.queues,
-    req.limit,
-    req.owner,
-    req.leaseGraceMs,
-  ]);
+  return db.query<ClaimedTask>(
+    CLAIM_SQL,
+    [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs],
+    'outlive_claim',
+  );
 }

@@ -11,12 +11,18 @@ import { sql, type SQL } from 'drizzle-orm';
 
 /** Runs one statement and returns its rows. */
 export interface Executor {
-  query<R = Record<string, unknown>>(text: string, params?: readonly unknown[]): Promise<R[]>;
+  /**
+   * `name`, where given, makes the statement a named prepared statement on
+   * drivers that support it (node-postgres, Neon's Pool): parsed and planned
+   * once per connection instead of on every call. Hot statements only.
+   */
+  query<R = Record<string, unknown>>(text: string, params?: readonly unknown[], name?: string): Promise<R[]>;
 }
 
 /** A node-postgres-style client, pool or pool client (pg, @neondatabase/serverless). */
 export interface Queryable {
   query(text: string, params?: unknown[]): Promise<{ rows: unknown[] }>;
+  query(config: { name?: string; text: string; values?: unknown[] }): Promise<{ rows: unknown[] }>;
 }
 
 /** A drizzle database or transaction (node-postgres, neon-serverless, neon-http, ...). */
@@ -77,8 +83,8 @@ function rowsOf(result: unknown): Record<string, unknown>[] {
 export function toExecutor(db: Transactional): Executor {
   if (isQueryable(db)) {
     return {
-      async query<R>(text: string, params: readonly unknown[] = []) {
-        const result = await db.query(text, params as unknown[]);
+      async query<R>(text: string, params: readonly unknown[] = [], name?: string) {
+        const result = name ? await db.query({ name, text, values: params as unknown[] }) : await db.query(text, params as unknown[]);
         return result.rows as R[];
       },
     };

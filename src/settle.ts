@@ -55,7 +55,7 @@ function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], n
     delays.push(o.state === 'pending' ? o.delayMs : 0);
     errors.push(o.state === 'pending' || o.state === 'failed' ? JSON.stringify(o.error) : null);
   }
-  return db.query<SettledRow>(SETTLE_SQL, [now, ids, states, outputs, retryAts, delays, errors, owner]);
+  return db.query<SettledRow>(SETTLE_SQL, [now, ids, states, outputs, retryAts, delays, errors, owner], 'outlive_settle');
 }
 
 /** Settles and applies run knock-ons in one transaction. */
