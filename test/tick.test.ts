@@ -58,7 +58,7 @@ describe('shutting a pass down', () => {
     for (let i = 0; i < 5; i++) await enqueue(db.pool, slow, { i });
     const stopClaiming = new AbortController();
     const abort = new AbortController();
-    const pass = tick(db.pool, { tasks: [slow], concurrency: 3, signal: stopClaiming.signal, abort: abort.signal });
+    const pass = tick(db.pool, { tasks: [slow], concurrency: 3, prefetch: 0, signal: stopClaiming.signal, abort: abort.signal });
     while (started < 3) await new Promise((r) => setTimeout(r, 5));
     stopClaiming.abort();
     await new Promise((r) => setTimeout(r, 100));
@@ -72,5 +72,37 @@ describe('shutting a pass down', () => {
       { state: 'pending', attempts: 0, n: 4 },
       { state: 'succeeded', attempts: 1, n: 1 },
     ]);
+  });
+});
+
+describe('prefetch', () => {
+  it('hands back prefetched tasks that waited too long for a slot, unstarted and uncounted; nothing runs twice', async () => {
+    await db.pool.query('DELETE FROM outlive.tasks');
+    const runs = new Map<number, number>();
+    const slowish = defineTask({
+      name: 'slowish',
+      input: z.object({ i: z.number() }),
+      timeoutMs: 1_000,
+      run: async ({ i }) => {
+        runs.set(i, (runs.get(i) ?? 0) + 1);
+        await new Promise((r) => setTimeout(r, 60));
+      },
+    });
+    for (let i = 0; i < 8; i++) await enqueue(db.pool, slowish, { i });
+    // A grace of 100 ms makes a prefetched task stale after 50 ms in the buffer.
+    const first = await tick(db.pool, { tasks: [slowish], concurrency: 1, prefetch: 4, leaseGraceMs: 100 });
+    expect(first.released).toBeGreaterThan(0);
+    expect(first.succeeded).toBe(first.claimed);
+    const [{ n }] = (await db.rows<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.tasks WHERE state = 'pending' AND attempts = 0`)) as [{ n: number }];
+    expect(n).toBe(8 - first.succeeded);
+    // Later passes (no prefetch) run the rest, each task once.
+    for (let k = 0; k < 20 && (await tick(db.pool, { tasks: [slowish], prefetch: 0 })).claimed > 0; k++);
+    expect([...runs.values()].every((c) => c === 1)).toBe(true);
+    expect(runs.size).toBe(8);
+  });
+
+  it('refuses a negative prefetch', async () => {
+    const t = defineTask({ name: 'p', input: z.object({}), run: () => 1 });
+    await expect(tick(db.pool, { tasks: [t], prefetch: -1 })).rejects.toThrow(/prefetch must be a whole number >= 0/);
   });
 });
