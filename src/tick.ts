@@ -175,6 +175,10 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
 
   let running = 0;
   let unsettled = 0;
+  // The last claim came back short (the queue was dry then), and no task of
+  // a run has settled since (a settle that could have released dependents).
+  let dry = false;
+  let settledRunTask = false;
   const queue: Outcome[] = [];
   let flushing: Promise<void> | null = null;
 
@@ -188,6 +192,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         try {
           const rows = await settle(pool, owner, batch, now);
           for (const r of rows) {
+            if (r.run_id && r.state !== 'pending' && r.state !== 'released') settledRunTask = true;
             if (r.state === 'succeeded') report.succeeded++;
             else if (r.state === 'pending') report.retried++;
             else if (r.state === 'released') report.released++;
@@ -308,9 +313,14 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         break;
       }
       fill();
+      // Everything finished, and nothing can have become ready through us
+      // since the queue came back dry: done, without one more claim to find
+      // it empty (new enqueues wake the next pass through their NOTIFY or nudge).
+      if (dry && !settledRunTask && running === 0 && unsettled === 0 && buffer.length === 0) break;
       const capacity = concurrency + bufferLimit();
       const room = Math.min(capacity - running - buffer.length, maxTasks - report.claimed - buffer.length);
       if (room > 0 && (room >= minBatch || (running === 0 && buffer.length === 0))) {
+        settledRunTask = false;
         const rows = await claim(exec, {
           owner,
           limit: room,
@@ -320,6 +330,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
           now,
         });
         const at = performance.now();
+        dry = rows.length < room;
         for (const row of rows) buffer.push({ row, at });
         fill();
         if (rows.length === 0 && running === 0 && unsettled === 0 && buffer.length === 0) break;
