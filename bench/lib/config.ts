@@ -1,0 +1,203 @@
+/**
+ * Sizes of the phases and the command line.
+ */
+import { SYSTEMS, type SystemName } from '../systems/protocol.ts';
+
+/** How big each phase is. */
+export interface Sizes {
+  enqueueSingle: number;
+  /** Jobs of the enqueue-one-per-call-in-a-transaction phase (fewer: it measures the same per-call cost plus BEGIN and COMMIT). */
+  enqueueSingleTx: number;
+  /** Jobs of the bulk-enqueue phase, which the one-process drain then runs (and of the two-process drain). */
+  drain: number;
+  /** Jobs per bulk call; the whole phase in one call by default. */
+  bulkChunk: number;
+  /** Handlers at once per worker process in the drain and latency phases. */
+  concurrency: number;
+  latencyCount: number;
+  latencySpacingMs: number;
+  /** How long the worker sits idle before the first latency job, so it is waiting, not still starting. */
+  latencyIdleMs: number;
+  claimFinished: number;
+  /** Ready rows beside the finished ones (enough for every timed claim to find work). */
+  claimPendingBesideFinished: number;
+  claimPending: number;
+  claimReps: number;
+  claimLimit: number;
+  /** Tasks fanned out between the root and the join of the DAG phases. */
+  dagLeaves: number;
+  /** Jobs drained through the Cloudflare Worker in Miniflare. */
+  serverlessTasks: number;
+}
+
+/** The issue's sizes (issue 7). */
+export const FULL: Sizes = {
+  enqueueSingle: 10_000,
+  enqueueSingleTx: 2_000,
+  drain: 100_000,
+  bulkChunk: 100_000,
+  concurrency: 10,
+  latencyCount: 200,
+  latencySpacingMs: 20,
+  latencyIdleMs: 1_000,
+  claimFinished: 1_000_000,
+  claimPendingBesideFinished: 10_000,
+  claimPending: 100_000,
+  claimReps: 200,
+  claimLimit: 10,
+  dagLeaves: 10_000,
+  serverlessTasks: 5_000,
+};
+
+/** A few hundred jobs, one round: keeps the harness from rotting in CI; its numbers mean nothing. */
+export const SMOKE: Sizes = {
+  enqueueSingle: 300,
+  enqueueSingleTx: 100,
+  drain: 300,
+  bulkChunk: 300,
+  concurrency: 10,
+  latencyCount: 20,
+  latencySpacingMs: 20,
+  latencyIdleMs: 300,
+  claimFinished: 10_000,
+  claimPendingBesideFinished: 1_000,
+  claimPending: 3_000,
+  claimReps: 20,
+  claimLimit: 10,
+  dagLeaves: 200,
+  serverlessTasks: 100,
+};
+
+/** The phases, in the order a round runs them. */
+export const PHASES = [
+  'enqueue-single',
+  'enqueue-single-tx',
+  'enqueue-bulk',
+  'drain-1',
+  'drain-2',
+  'latency',
+  'claim',
+  'dag',
+  'dag-spawn',
+  'serverless',
+] as const;
+export type PhaseName = (typeof PHASES)[number];
+
+/** What one invocation runs. */
+export interface Options {
+  smoke: boolean;
+  rounds: number;
+  sizes: Sizes;
+  phases: PhaseName[];
+  systems: SystemName[];
+  /** Write docs/benchmarks.md and its images (default for full runs, not for --smoke). */
+  writeDocs: boolean;
+  /** A note printed at the top of the results (e.g. about the machine's load). */
+  note: string;
+  /** Re-render docs/benchmarks.md from this saved run (bench/results/*.json) instead of running. */
+  from: string | null;
+}
+
+const USAGE = `usage: npm run bench -- [options]
+
+  --smoke             a few hundred jobs, one round (for CI; writes no docs)
+  --rounds N          rounds (default 3; each round runs every system on every phase)
+  --scale F           multiply every job count by F (e.g. 0.2 for a quicker look)
+  --phases a,b        only these phases: ${PHASES.join(', ')}
+  --systems a,b       only these systems: ${SYSTEMS.join(', ')}
+  --docs / --no-docs  write docs/benchmarks.md and its images (default: on, off with --smoke)
+  --note TEXT         a note to print above the results
+  --from FILE         measure nothing: rewrite docs/benchmarks.md from a saved run (bench/results/*.json)
+`;
+
+function list<T extends string>(value: string | undefined, allowed: readonly T[], flag: string): T[] {
+  const items = (value ?? '').split(',').map((s) => s.trim()).filter(Boolean);
+  for (const item of items) {
+    if (!allowed.includes(item as T)) throw new Error(`bench: ${flag} takes ${allowed.join(', ')}; got "${item}"\n\n${USAGE}`);
+  }
+  if (items.length === 0) throw new Error(`bench: ${flag} needs a value\n\n${USAGE}`);
+  return items as T[];
+}
+
+/** Parses the command line; throws with the usage on a mistake. */
+export function parseArgs(argv: readonly string[]): Options {
+  let smoke = false;
+  let rounds: number | null = null;
+  let scale = 1;
+  let phases: PhaseName[] = [...PHASES];
+  let systems: SystemName[] = [...SYSTEMS];
+  let writeDocs: boolean | null = null;
+  let note = '';
+  let from: string | null = null;
+  for (let k = 0; k < argv.length; k++) {
+    const arg = argv[k]!;
+    const value = () => {
+      const v = argv[++k];
+      if (v === undefined) throw new Error(`bench: ${arg} needs a value\n\n${USAGE}`);
+      return v;
+    };
+    switch (arg) {
+      case '--smoke':
+        smoke = true;
+        break;
+      case '--rounds':
+        rounds = Number(value());
+        if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`bench: --rounds takes a whole number >= 1\n\n${USAGE}`);
+        break;
+      case '--scale':
+        scale = Number(value());
+        if (!(scale > 0)) throw new Error(`bench: --scale takes a positive number\n\n${USAGE}`);
+        break;
+      case '--phases':
+        phases = list(value(), PHASES, '--phases');
+        break;
+      case '--systems':
+        systems = list(value(), SYSTEMS, '--systems');
+        break;
+      case '--docs':
+        writeDocs = true;
+        break;
+      case '--no-docs':
+        writeDocs = false;
+        break;
+      case '--note':
+        note = value();
+        break;
+      case '--from':
+        from = value();
+        break;
+      case '--help':
+      case '-h':
+        console.log(USAGE);
+        process.exit(0);
+        break;
+      default:
+        throw new Error(`bench: unknown option ${arg}\n\n${USAGE}`);
+    }
+  }
+  const base = smoke ? SMOKE : FULL;
+  const scaled = (n: number) => Math.max(10, Math.round(n * scale));
+  const sizes: Sizes = {
+    ...base,
+    enqueueSingle: scaled(base.enqueueSingle),
+    enqueueSingleTx: scaled(base.enqueueSingleTx),
+    bulkChunk: scaled(base.bulkChunk),
+    drain: scaled(base.drain),
+    latencyCount: scaled(base.latencyCount),
+    claimFinished: scaled(base.claimFinished),
+    claimPendingBesideFinished: Math.max(scaled(base.claimPendingBesideFinished), base.claimReps * base.claimLimit),
+    claimPending: scaled(base.claimPending),
+    dagLeaves: scaled(base.dagLeaves),
+    serverlessTasks: scaled(base.serverlessTasks),
+  };
+  return {
+    smoke,
+    rounds: rounds ?? (smoke ? 1 : 3),
+    sizes,
+    phases: PHASES.filter((p) => phases.includes(p)),
+    systems: SYSTEMS.filter((s) => systems.includes(s)),
+    writeDocs: writeDocs ?? !smoke,
+    note,
+    from,
+  };
+}

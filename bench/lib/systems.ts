@@ -1,0 +1,53 @@
+/**
+ * What the orchestrator knows about each system's tables: how to tell that
+ * every job has finished, and how to check that each ran exactly once.
+ */
+import type { SystemName } from '../systems/protocol.ts';
+
+/** Per-system SQL the orchestrator runs on the database under test. */
+export interface SystemSql {
+  /** Database name for this system's rounds (and `${db}_tpl` for its migrated template). */
+  db: string;
+  /** One row `{ n }`: jobs not yet finished (pending, running, locked, or waiting to be retried). */
+  remaining: string;
+  /** One row `{ total, distinct }`: job rows, and distinct payload indexes among them. */
+  enqueued: string;
+  /**
+   * One row `{ done, repeated, left }` after a drain: jobs recorded as
+   * completed (null where completed jobs are deleted), jobs that took more
+   * than one attempt, and jobs still not completed.
+   */
+  finished: string;
+}
+
+/** The SQL of each system, by name. */
+export const SQL: Record<SystemName, SystemSql> = {
+  outlive: {
+    db: 'bench_outlive',
+    remaining: `SELECT count(*)::int AS n FROM outlive.tasks WHERE state IN ('pending', 'running')`,
+    enqueued: `SELECT count(*)::int AS total, count(DISTINCT input->>'i')::int AS distinct FROM outlive.tasks`,
+    finished: `SELECT count(*) FILTER (WHERE state = 'succeeded')::int AS done,
+                      count(*) FILTER (WHERE attempts <> 1)::int AS repeated,
+                      count(*) FILTER (WHERE state <> 'succeeded')::int AS left
+               FROM outlive.tasks`,
+  },
+  'graphile-worker': {
+    db: 'bench_graphile',
+    // Completed jobs are deleted; failed ones stay with a later run_at.
+    remaining: `SELECT count(*)::int AS n FROM graphile_worker._private_jobs`,
+    enqueued: `SELECT count(*)::int AS total, count(DISTINCT payload->>'i')::int AS distinct FROM graphile_worker._private_jobs`,
+    finished: `SELECT NULL::int AS done,
+                      count(*) FILTER (WHERE attempts > 1)::int AS repeated,
+                      count(*)::int AS left
+               FROM graphile_worker._private_jobs`,
+  },
+  'pg-boss': {
+    db: 'bench_pgboss',
+    remaining: `SELECT count(*)::int AS n FROM pgboss.job WHERE name = 'noop' AND state < 'completed'`,
+    enqueued: `SELECT count(*)::int AS total, count(DISTINCT data->>'i')::int AS distinct FROM pgboss.job WHERE name = 'noop'`,
+    finished: `SELECT count(*) FILTER (WHERE state = 'completed')::int AS done,
+                      count(*) FILTER (WHERE retry_count > 0)::int AS repeated,
+                      count(*) FILTER (WHERE state <> 'completed')::int AS left
+               FROM pgboss.job WHERE name = 'noop'`,
+  },
+};

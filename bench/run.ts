@@ -1,0 +1,211 @@
+/**
+ * The benchmark of issue 7: outlive side by side with graphile-worker 0.18
+ * and pg-boss 12 on one PostgreSQL, in one run.
+ *
+ *   cd bench && npm install && npm run bench              # full: 3 rounds, ~20-25 min
+ *   cd bench && npm run bench -- --smoke                   # a few hundred jobs, 1 round
+ *
+ * Each round runs every phase, and within a phase the systems take turns
+ * (outlive, graphile-worker, pg-boss, then again next round), each on a
+ * fresh database cloned from its migrated template. Results go to
+ * bench/results/ and, for full runs, into docs/benchmarks.md with plots.
+ */
+import { createHash } from 'node:crypto';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { fileURLToPath } from 'node:url';
+import { outliveRuntime, peerRuntime } from './lib/children.ts';
+import { parseArgs, type PhaseName } from './lib/config.ts';
+import {
+  bulkAndDrain,
+  claim,
+  dag,
+  serverless,
+  enqueueSingle,
+  latency,
+  prepareTemplate,
+  templateOf,
+  type Context,
+  type PhaseResult,
+  type SystemInfo,
+} from './lib/phases.ts';
+import { Admin, SERVER_URL } from './lib/postgres.ts';
+import { summarize, writeDocs, type RunRecord } from './lib/report.ts';
+import { SQL } from './lib/systems.ts';
+import type { SystemName } from './systems/protocol.ts';
+
+const BENCH = fileURLToPath(new URL('.', import.meta.url));
+const SRC = fileURLToPath(new URL('../src/', import.meta.url));
+
+/**
+ * A short hash of the engine's source files. The harness measures the working
+ * tree, which may change while a run is going; the report says so when the
+ * hash differs between rounds.
+ */
+function sourceHash(): string {
+  const hash = createHash('sha1');
+  for (const file of readdirSync(SRC).filter((f) => f.endsWith('.ts')).sort()) {
+    hash.update(file).update(readFileSync(`${SRC}/${file}`));
+  }
+  return hash.digest('hex').slice(0, 10);
+}
+
+/** One unit of work of a round: which phases it reports, for which systems, and how it runs one system. */
+interface Step {
+  phases: PhaseName[];
+  systems: readonly SystemName[] | 'all';
+  run(ctx: Context, system: SystemName, wanted: PhaseName[]): Promise<PhaseResult[]>;
+}
+
+const STEPS: Step[] = [
+  { phases: ['enqueue-single'], systems: 'all', run: async (ctx, s) => [await enqueueSingle(ctx, s, false)] },
+  { phases: ['enqueue-single-tx'], systems: 'all', run: async (ctx, s) => [await enqueueSingle(ctx, s, true)] },
+  {
+    // The bulk-enqueued jobs are the ones the one-process drain runs.
+    phases: ['enqueue-bulk', 'drain-1'],
+    systems: 'all',
+    run: async (ctx, s, wanted) => {
+      const results = await bulkAndDrain(ctx, s, 1, wanted.includes('enqueue-bulk'));
+      return results.filter((r) => wanted.includes(r.phase));
+    },
+  },
+  { phases: ['drain-2'], systems: 'all', run: (ctx, s) => bulkAndDrain(ctx, s, 2, false) },
+  { phases: ['latency'], systems: 'all', run: async (ctx, s) => [await latency(ctx, s)] },
+  { phases: ['claim'], systems: ['outlive'], run: async (ctx, s) => [await claim(ctx, s)] },
+  { phases: ['dag'], systems: ['outlive'], run: async (ctx, s) => [await dag(ctx, s, false)] },
+  { phases: ['dag-spawn'], systems: ['outlive'], run: async (ctx, s) => [await dag(ctx, s, true)] },
+  { phases: ['serverless'], systems: ['outlive'], run: async (ctx, s) => [await serverless(ctx, s)] },
+];
+
+function fmt(n: number): string {
+  return n >= 100 ? Math.round(n).toLocaleString('en-US') : n.toFixed(2);
+}
+
+function line(r: PhaseResult): string {
+  const head = `[round ${r.round}] ${r.phase.padEnd(17)} ${r.system.padEnd(15)}`;
+  if (r.skipped) return `${head} skipped: ${r.skipped}`;
+  const m = r.metrics;
+  if (Object.keys(m).length === 0) return `${head} FAILED: ${r.error ?? 'no result'}`;
+  let main: string;
+  if (r.phase === 'latency') main = `p50 ${fmt(m.p50!)} ms, p95 ${fmt(m.p95!)} ms, p99 ${fmt(m.p99!)} ms`;
+  else if (r.phase === 'claim') main = `claim of 10: ${fmt(m.finishedP50!)} ms with finished rows, ${fmt(m.pendingP50!)} ms with pending rows`;
+  else if (r.phase.startsWith('dag')) main = `startRun ${fmt(m.startRunMs!)} ms, then ${fmt(m.tasksPerSec!)} tasks/s`;
+  else if (r.phase === 'serverless') main = `${fmt(m.tasksPerSec!)} tasks/s in ${m.passes} pass(es), ${fmt(m.messagesPerTask!)} WebSocket messages/task`;
+  else main = `${fmt(m.tasksPerSec!)} tasks/s`;
+  const per = m.queriesPerTask !== undefined
+    ? ` | ${fmt(m.queriesPerTask)} queries, ${fmt(m.commitsPerTask!)} commits/task, PG CPU ${m.pgCpuMsPer1k === undefined ? '?' : fmt(m.pgCpuMsPer1k)} ms/1k`
+    : '';
+  return `${head} ${main}${per}${r.error ? `\n    ERROR: ${r.error}` : ''}`;
+}
+
+async function main(): Promise<void> {
+  const options = parseArgs(process.argv.slice(2));
+  if (options.from) {
+    const record = JSON.parse(readFileSync(options.from, 'utf8')) as RunRecord;
+    console.log(summarize(record));
+    console.log(`bench: wrote ${(await writeDocs(record)).join(', ')}`);
+    return;
+  }
+  const started = new Date();
+  const outlive = outliveRuntime();
+  const peer = peerRuntime();
+  console.log(`bench: ${options.smoke ? 'smoke' : 'full'} run, ${options.rounds} round(s), server ${SERVER_URL.replace(/:[^:@/]*@/, ':***@')}`);
+  console.log(`bench: outlive on Node ${outlive.version} (${outlive.execPath}); peers on Node ${peer.version} (${peer.execPath})`);
+
+  const admin = await Admin.connect();
+  const ctx: Context = { admin, sizes: options.sizes, round: 0, live: new Set() };
+  const results: PhaseResult[] = [];
+  const versions: Partial<Record<SystemName, SystemInfo>> = {};
+  const load: number[][] = [os.loadavg()];
+  const sources: string[] = [];
+  const stopAll = async () => {
+    for (const child of ctx.live) await child.stop().catch(() => undefined);
+    ctx.live.clear();
+  };
+  const onSignal = () => {
+    void stopAll().finally(() => process.exit(130));
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+
+  try {
+    // The templates are independent: install them side by side.
+    await Promise.all(
+      options.systems.map(async (system) => {
+        versions[system] = await prepareTemplate(ctx, system);
+        console.log(`bench: ${system} ${versions[system]!.version} on Node ${versions[system]!.node}: template ${templateOf(system)} ready`);
+      }),
+    );
+    for (let round = 1; round <= options.rounds; round++) {
+      ctx.round = round;
+      sources.push(sourceHash());
+      for (const step of STEPS) {
+        const wanted = step.phases.filter((p) => options.phases.includes(p));
+        if (wanted.length === 0) continue;
+        for (const system of options.systems) {
+          if (step.systems !== 'all' && !step.systems.includes(system)) continue;
+          const t0 = performance.now();
+          try {
+            for (const r of await step.run(ctx, system, wanted)) {
+              results.push(r);
+              console.log(`${line(r)}  (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+            }
+          } catch (err) {
+            await stopAll();
+            const message = err instanceof Error ? err.message : String(err);
+            for (const phase of wanted) {
+              const r: PhaseResult = { phase, system, round, metrics: {}, error: message };
+              results.push(r);
+              console.log(line(r));
+            }
+          } finally {
+            await admin.drop(SQL[system].db).catch(() => undefined);
+          }
+        }
+      }
+      load.push(os.loadavg());
+    }
+  } finally {
+    await stopAll();
+    for (const system of options.systems) {
+      await admin.drop(SQL[system].db).catch(() => undefined);
+      await admin.drop(templateOf(system)).catch(() => undefined);
+    }
+  }
+
+  const server = await admin.serverInfo();
+  await admin.close();
+  const record: RunRecord = {
+    startedAt: started.toISOString(),
+    finishedAt: new Date().toISOString(),
+    options,
+    machine: {
+      cpu: os.cpus()[0]?.model ?? 'unknown',
+      cores: os.cpus().length,
+      memoryGiB: Math.round(os.totalmem() / 2 ** 30),
+      os: `${os.type()} ${os.release()}`,
+      loadavg: load,
+    },
+    server,
+    runtimes: { outlive: outlive.version, peers: peer.version },
+    sources,
+    versions,
+    results,
+  };
+  mkdirSync(`${BENCH}/results`, { recursive: true });
+  const file = `${BENCH}/results/${started.toISOString().replace(/[:.]/g, '-')}${options.smoke ? '-smoke' : ''}.json`;
+  writeFileSync(file, JSON.stringify(record, null, 2));
+  console.log(`\nbench: raw results in ${file}`);
+  console.log(summarize(record));
+  if (options.writeDocs) {
+    const written = await writeDocs(record);
+    console.log(`bench: wrote ${written.join(', ')}`);
+  }
+  const failed = results.filter((r) => r.error);
+  if (failed.length > 0) {
+    console.error(`bench: ${failed.length} phase run(s) failed`);
+    process.exitCode = 1;
+  }
+}
+
+await main();

@@ -1,0 +1,232 @@
+/**
+ * outlive as the harness drives it, imported from the working tree
+ * (`../../src/index.ts`, through tsx on the machine's Node).
+ */
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { fileURLToPath } from 'node:url';
+import type PgModule from 'pg';
+import { z } from 'zod';
+import * as outlive from '../../src/index.ts';
+import { CLAIM_SQL } from '../../src/claim.ts';
+import type { Driver, Payload, WorkerSettings } from './protocol.ts';
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+
+// The repository's node-postgres, the one the engine imports: createWorker
+// checks `pool instanceof pg.Pool` against it, and child.ts counts its queries.
+const pg = createRequire(`${ROOT}/package.json`)('pg') as typeof PgModule;
+type Pool = PgModule.Pool;
+type PoolClient = PgModule.PoolClient;
+
+// Errors only: a benchmark should not measure console output.
+const quiet: outlive.WorkerLogger = {
+  info: () => undefined,
+  warn: (m) => console.warn(m),
+  error: (m) => console.error(m),
+};
+
+/** The worker's pool size, as createWorker sizes its own pool: concurrency + 2. */
+const poolSize = (concurrency: number) => concurrency + 2;
+
+const payloadSchema = z.object({ i: z.number().int().nonnegative(), t: z.number().optional() });
+const rootSchema = z.object({ i: z.number().int().nonnegative(), spawn: z.number().int().nonnegative() });
+
+/**
+ * The tasks of the DAG phase. `run` counts each execution. A root started
+ * with `spawn: n` adds n leaves and a join waiting for all of them to its
+ * run from inside its handler (ctx.spawn, written in the root's settle);
+ * with `spawn: 0` the graph was written up front by startRun.
+ */
+function dagTasks(run: (p: Payload) => void) {
+  const leaf = outlive.defineTask({ name: 'dag-leaf', input: payloadSchema, run: (input) => run(input) });
+  const join = outlive.defineTask({ name: 'dag-join', input: payloadSchema, run: (input) => run(input) });
+  const root = outlive.defineTask({
+    name: 'dag-root',
+    input: rootSchema,
+    run: ({ i, spawn }, ctx) => {
+      run({ i });
+      if (spawn === 0) return;
+      const leaves: string[] = [];
+      for (let k = 1; k <= spawn; k++) {
+        leaves.push(`leaf:${k}`);
+        ctx.spawn(`leaf:${k}`, outlive.step(leaf, { i: k }));
+      }
+      ctx.spawn('join', outlive.step(join, { i: spawn + 1 }, { after: leaves }));
+    },
+  });
+  return { root, leaf, join };
+}
+
+/**
+ * Starts the DAG phase's run: a root, `leaves` tasks after it and a join
+ * after all of them (payload indexes 0, 1..leaves, leaves + 1). With
+ * `spawned`, only the root is written here and it spawns the rest.
+ */
+export async function startDagRun(url: string, leaves: number, spawned: boolean): Promise<{ ms: number; runId: string }> {
+  const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'bench-outlive-dag' });
+  try {
+    const { root, leaf, join } = dagTasks(() => undefined);
+    const steps: Record<string, outlive.Step> = { root: outlive.step(root, { i: 0, spawn: spawned ? leaves : 0 }) };
+    if (!spawned) {
+      const names: string[] = [];
+      for (let k = 1; k <= leaves; k++) {
+        names.push(`leaf:${k}`);
+        steps[`leaf:${k}`] = outlive.step(leaf, { i: k }, { after: ['root'] });
+      }
+      steps.join = outlive.step(join, { i: leaves + 1 }, { after: names });
+    }
+    const started = performance.now();
+    const run = await outlive.startRun(pool, 'bench-fan-out', steps);
+    return { ms: performance.now() - started, runId: run.id };
+  } finally {
+    await pool.end();
+  }
+}
+
+/** Creates the outlive driver. */
+export function createDriver(): Driver {
+  let url = '';
+  let pool: Pool | null = null;
+  let txClient: PoolClient | null = null;
+  let worker: outlive.Worker | null = null;
+  let noop: outlive.AnyTask | null = null;
+  const task = (run: (p: Payload) => void = () => undefined) =>
+    outlive.defineTask({ name: 'noop', input: payloadSchema, run: (input) => run(input) });
+
+  const driver: Driver = {
+    name: 'outlive',
+    version: () => JSON.parse(readFileSync(`${ROOT}/package.json`, 'utf8')).version + ' (working tree)',
+    settings: (concurrency) =>
+      `createWorker({ connectionString, concurrency: ${concurrency} }) (src/worker.ts: LISTEN outlive, tick passes, ` +
+      `its own pg.Pool of ${poolSize(concurrency)}); other options at their defaults (pollIntervalMs 2,000, retention on)`,
+    async install(target) {
+      await outlive.migrate(target);
+    },
+    async open(target) {
+      url = target;
+      // The pool is made here, from the harness's pg, so that the query
+      // counter in child.ts sees every statement the engine sends.
+      pool = new pg.Pool({ connectionString: url, max: 12, application_name: 'bench-outlive' });
+      await pool.query('SELECT 1');
+      noop = task();
+    },
+    async enqueueOne(payload) {
+      // A pool is a Queryable: the insert commits on its own, as the
+      // peers' one-job calls do.
+      await outlive.enqueue(pool!, noop!, payload);
+    },
+    async enqueueOneInTransaction(payload) {
+      txClient ??= await pool!.connect();
+      await txClient.query('BEGIN');
+      await outlive.enqueue(txClient, noop!, payload);
+      await txClient.query('COMMIT');
+    },
+    async enqueueMany(payloads) {
+      await outlive.enqueueMany(pool!, noop!, payloads);
+    },
+    async startWorker(settings: WorkerSettings, run) {
+      // The engine's own long-lived worker, with its own pool (as an app would run it).
+      const dag = dagTasks(run);
+      worker = outlive.createWorker({
+        connectionString: url,
+        tasks: [task(run), dag.root, dag.leaf, dag.join],
+        concurrency: settings.concurrency,
+        logger: quiet,
+      });
+      await worker.start();
+    },
+    async stopWorker() {
+      await worker?.stop();
+      worker = null;
+    },
+    async close() {
+      txClient?.release();
+      txClient = null;
+      await pool?.end();
+      pool = null;
+    },
+  };
+  return driver;
+}
+
+/** Settings of the claim-time phase. */
+export interface ClaimTimeSettings {
+  finished: number;
+  pending: number;
+  /** Claims timed, each of `limit` tasks, each committed (so each takes the next ready rows). */
+  reps: number;
+  limit: number;
+}
+
+/** What the claim-time phase measured. */
+export interface ClaimTimeResult {
+  /** Client-side wall time of each claim statement (one round trip), in ms. */
+  timesMs: number[];
+  /** EXPLAIN (ANALYZE, BUFFERS) of one claim, run in a transaction that was rolled back. */
+  plan: string;
+  planningMs: number | null;
+  executionMs: number | null;
+  fillMs: number;
+}
+
+/**
+ * Times `CLAIM_SQL` (src/claim.ts) on a table holding `finished` succeeded
+ * rows and `pending` ready rows, written directly with generate_series (the
+ * rows are what enqueue and settle would leave; writing them through the API
+ * would take minutes and measure something else).
+ */
+export async function claimTime(url: string, s: ClaimTimeSettings): Promise<ClaimTimeResult> {
+  const pool = new pg.Pool({ connectionString: url, max: 2, application_name: 'bench-outlive-claim' });
+  try {
+    const fillStarted = performance.now();
+    if (s.finished > 0) {
+      await pool.query(
+        `INSERT INTO outlive.tasks (name, queue, state, input, output, attempts, max_attempts, timeout_ms,
+                                    run_at, started_at, finished_at, created_at, updated_at)
+         SELECT 'noop', 'default', 'succeeded', jsonb_build_object('i', g), 'null'::jsonb, 1, 5, 15000,
+                t, t, t, t, t
+         FROM generate_series(1, $1::int) g, LATERAL (SELECT now() - interval '2 days' + g * interval '100 ms') AS x(t)`,
+        [s.finished],
+      );
+    }
+    if (s.pending > 0) {
+      await pool.query(
+        `INSERT INTO outlive.tasks (name, queue, state, input, max_attempts, timeout_ms, run_at)
+         SELECT 'noop', 'default', 'pending', jsonb_build_object('i', g), 5, 15000,
+                now() - interval '1 hour' + g * interval '1 ms'
+         FROM generate_series(1, $1::int) g`,
+        [s.pending],
+      );
+    }
+    // The server runs with autovacuum off; give the planner the statistics
+    // autovacuum would have gathered after so many inserts.
+    await pool.query('VACUUM ANALYZE outlive.tasks');
+    const fillMs = performance.now() - fillStarted;
+
+    const params = (owner: string) => [null, 30_000, null, s.limit, owner, 5_000];
+    const client = await pool.connect();
+    let plan = '';
+    try {
+      await client.query('BEGIN');
+      const explained = await client.query(`EXPLAIN (ANALYZE, BUFFERS) ${CLAIM_SQL}`, params('bench:explain'));
+      plan = explained.rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
+      await client.query('ROLLBACK');
+    } finally {
+      client.release();
+    }
+    const timesMs: number[] = [];
+    for (let k = 0; k < s.reps; k++) {
+      const started = performance.now();
+      await pool.query(CLAIM_SQL, params(`bench:${k}`));
+      timesMs.push(performance.now() - started);
+    }
+    const ms = (label: string) => {
+      const m = new RegExp(`${label} Time: ([0-9.]+) ms`).exec(plan);
+      return m ? Number(m[1]) : null;
+    };
+    return { timesMs, plan, planningMs: ms('Planning'), executionMs: ms('Execution'), fillMs };
+  } finally {
+    await pool.end();
+  }
+}
