@@ -14,7 +14,6 @@ import type { Readable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { build, type Plugin } from 'esbuild';
 import { Miniflare } from 'miniflare';
-import pg from 'pg';
 import { signNudge, SIGNATURE_HEADER } from '../../src/nudge.ts';
 import { startWsProxy } from '../../test/support/ws-proxy.ts';
 
