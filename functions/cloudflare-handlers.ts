@@ -7,6 +7,7 @@
  * a WebSocket opened for one request cannot serve another on Workers.
  */
 import { toError } from '../src/errors.js';
+import { handleDashboard } from '../src/dashboard/index.js';
 import { cronPass } from './cron.js';
 import { handleDrain } from './drain.js';
 import { json, openInvocation, type FunctionsEnv, type TasksFor } from './invocation.js';
@@ -50,9 +51,11 @@ export function createCloudflareWorker(tasksFor: TasksFor) {
       }
     },
 
-    /** `POST /drain`, the signed webhook; everything else is 404. */
+    /** `POST /drain`, the signed webhook; `/dashboard` (token-protected); everything else is 404. */
     async fetch(request: Request, env: FunctionsEnv, ctx: ExecutionContext): Promise<Response> {
-      if (new URL(request.url).pathname !== '/drain') return json(404, { error: 'not found' });
+      const pathname = new URL(request.url).pathname;
+      if (pathname === '/dashboard' || pathname.startsWith('/dashboard/')) return dashboard(request, env, ctx, tasksFor);
+      if (pathname !== '/drain') return json(404, { error: 'not found' });
       let inv;
       try {
         inv = openInvocation(env, {
@@ -73,4 +76,24 @@ export function createCloudflareWorker(tasksFor: TasksFor) {
       }
     },
   };
+}
+
+/** `/dashboard`: the pages over the invocation's pool, behind `OUTLIVE_DASHBOARD_TOKEN`. */
+async function dashboard(request: Request, env: FunctionsEnv, ctx: ExecutionContext, tasksFor: TasksFor): Promise<Response> {
+  let inv;
+  try {
+    inv = openInvocation(env, { platform: 'cloudflare', tasks: tasksFor, budgetCeilingMs: DRAIN_BUDGET_MS });
+  } catch (err) {
+    console.log(JSON.stringify({ outlive: 'dashboard-misconfigured', error: toError(err).message }));
+    return json(500, { error: 'the dashboard is not configured' });
+  }
+  try {
+    return await handleDashboard(request, inv.pool, {
+      token: typeof env.OUTLIVE_DASHBOARD_TOKEN === 'string' ? env.OUTLIVE_DASHBOARD_TOKEN : undefined,
+      basePath: '/dashboard',
+      log: (line) => inv.log('dashboard-error', { error: line }),
+    });
+  } finally {
+    ctx.waitUntil(inv.close());
+  }
 }

@@ -22,6 +22,8 @@ export interface FunctionsEnv {
   OUTLIVE_DRAIN_SECRET?: string;
   /** Vercel's cron secret, sent as `Authorization: Bearer ...`. Secret. */
   CRON_SECRET?: string;
+  /** The dashboard's token (`/dashboard`); without it the dashboard answers 401. Secret. */
+  OUTLIVE_DASHBOARD_TOKEN?: string;
   /** A WebSocket proxy in front of a non-Neon Postgres (local development and tests only). */
   NEON_WS_PROXY?: string;
   /** Lowers the pass's budget below the platform's ceiling (ms). */
@@ -92,7 +94,7 @@ export interface InvocationOptions {
   write?: (line: string) => void;
 }
 
-const SECRET_NAMES = ['DATABASE_URL', 'OUTLIVE_DRAIN_SECRET', 'CRON_SECRET'] as const;
+const SECRET_NAMES = ['DATABASE_URL', 'OUTLIVE_DRAIN_SECRET', 'CRON_SECRET', 'OUTLIVE_DASHBOARD_TOKEN'] as const;
 
 function secretsOf(env: FunctionsEnv): string[] {
   const secrets: string[] = [];

@@ -1,68 +1,138 @@
 /**
- * `npm start`: outlive locally, with no setup. Starts an embedded PostgreSQL
- * (data kept in .data/pg) unless DATABASE_URL is set, applies migrations,
- * signs up a batch of demo users (each enqueuing a welcome email in the same
- * transaction), and drains the work with bounded passes, printing each pass.
+ * `npm start`: the whole of outlive locally, in one command, no setup.
+ *
+ * - PostgreSQL: embedded, data kept in .data/pg (or the one at DATABASE_URL);
+ *   migrations applied.
+ * - The Cloudflare Worker (functions/cloudflare.ts, with scripts/local/tasks.ts
+ *   as its tasks) in Miniflare, that is in workerd, reaching PostgreSQL through
+ *   the Neon driver and a local WebSocket proxy. Its cron trigger fires every
+ *   OUTLIVE_CRON_SECONDS (default 5) and its signed drain webhook is live.
+ * - The dashboard, the Worker's `/dashboard` route, behind a token (from
+ *   OUTLIVE_DASHBOARD_TOKEN, or made once and kept in .data/dashboard-token).
+ * - A small local site, and a run of the site-import example against it
+ *   (crawl, one task per page, some pages flaky, then a final step), started
+ *   with a nudge of the drain webhook; plus one import of a missing page, which
+ *   fails for good, so the failures list and its retry button have something.
+ *
+ * Ctrl-C stops everything (workerd, PostgreSQL) and leaves no process behind.
  */
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { Miniflare } from 'miniflare';
 import pg from 'pg';
-import { migrate, tick } from '../src/index.js';
-import { createUsers, sendWelcome, signUp } from '../examples/demo.js';
-import { startPostgres } from '../test/support/postgres.js';
+import { enqueue, migrate, nudge } from '../src/index.js';
+import { importSite, SITE_IMPORT_TABLES, siteImportTasks } from '../examples/site-import.js';
+import { startPostgres, type RunningPostgres } from '../test/support/postgres.js';
+import { startSite, type LocalSite } from '../test/support/site.js';
+import { COMPATIBILITY_DATE } from '../test/support/worker.js';
+import { bundleLocalWorker } from './local/bundle.js';
+import { startWsProxy, type WsProxy } from '../test/support/ws-proxy.js';
 
-const SIGNUPS = Number(process.env.OUTLIVE_DEMO_SIGNUPS ?? 200);
+const PORT = Number(process.env.PORT ?? 8787);
+const CRON_SECONDS = Number(process.env.OUTLIVE_CRON_SECONDS ?? 5);
+const PAGES = Number(process.env.OUTLIVE_DEMO_PAGES ?? 24);
+const say = (line: string) => console.log(`outlive: ${line}`);
+
+/** The dashboard's token: from the environment, or made once and kept beside the data. */
+function dashboardToken(): string {
+  if (process.env.OUTLIVE_DASHBOARD_TOKEN) return process.env.OUTLIVE_DASHBOARD_TOKEN;
+  const file = '.data/dashboard-token';
+  if (existsSync(file)) return readFileSync(file, 'utf8').trim();
+  mkdirSync('.data', { recursive: true });
+  const token = randomBytes(24).toString('base64url');
+  writeFileSync(file, token + '\n', { mode: 0o600 });
+  return token;
+}
 
 async function main() {
-  const server = await startPostgres({ url: process.env.DATABASE_URL, dataDir: '.data/pg', persistent: true });
-  console.log(`PostgreSQL: ${server.embedded ? 'embedded, data in .data/pg' : 'DATABASE_URL'}`);
-  let stopping = false;
-  const stop = async () => {
-    if (stopping) return;
-    stopping = true;
-    await pool.end().catch(() => undefined);
-    await server.stop();
+  const cleanups: (() => Promise<unknown>)[] = [];
+  let stopping: Promise<void> | null = null;
+  const stop = () =>
+    (stopping ??= (async () => {
+      for (const cleanup of cleanups.reverse()) await cleanup().catch((err: unknown) => console.error(`outlive: while stopping: ${String(err)}`));
+    })());
+  const onSignal = (signal: NodeJS.Signals, code: number) => () => {
+    say(`${signal}: stopping`);
+    void stop().then(() => {
+      say('stopped');
+      process.exit(code);
+    });
   };
-  process.once('SIGINT', () => void stop().then(() => process.exit(130)));
-  process.once('SIGTERM', () => void stop().then(() => process.exit(143)));
-  const pool = new pg.Pool({ connectionString: server.url, max: 10 });
-  try {
-    await migrate(server.url);
-    console.log('migrations applied');
-    await createUsers(pool);
-    for (let i = 0; i < SIGNUPS; i++) {
-      const email = i % 50 === 49 ? `user${i}@invalid.example` : `user${i}@example.com`;
-      await signUp(pool, email);
-    }
-    console.log(`signed up ${SIGNUPS} users, each with a welcome email task enqueued in the same transaction`);
+  process.once('SIGINT', onSignal('SIGINT', 130));
+  process.once('SIGTERM', onSignal('SIGTERM', 143));
 
-    for (let pass = 1; ; pass++) {
-      const r = await tick(pool, { tasks: [sendWelcome], budgetMs: 10_000, concurrency: 10 });
-      console.log(
-        `pass ${pass}: claimed ${r.claimed}, succeeded ${r.succeeded}, retried ${r.retried}, failed ${r.failed}, recovered ${r.recovered} in ${r.durationMs} ms`,
-      );
-      const { rows } = await pool.query<{ waiting: number }>(
-        `SELECT count(*)::int AS waiting FROM outlive.tasks WHERE state IN ('pending', 'running')`,
-      );
-      if (rows[0]!.waiting === 0) break;
-      // Retries back off; wait for the next one to come due, as a cron tick would.
-      if (r.claimed === 0) await new Promise((res) => setTimeout(res, 250));
-    }
-    const { rows } = await pool.query<{ state: string; n: number }>(
-      `SELECT state::text, count(*)::int AS n FROM outlive.tasks WHERE name = $1 GROUP BY 1 ORDER BY 1`,
-      [sendWelcome.name],
-    );
-    console.log('welcome emails by state (all runs of the demo so far):');
-    for (const r of rows) console.log(`  ${r.state.padEnd(10)} ${r.n}`);
-    const failed = await pool.query<{ id: string; last_error: string }>(
-      `SELECT id::text, last_error FROM outlive.tasks WHERE name = $1 AND state = 'failed' ORDER BY id DESC LIMIT 3`,
-      [sendWelcome.name],
-    );
-    for (const f of failed.rows) console.log(`  failed for good: task ${f.id}: ${f.last_error}`);
-  } finally {
+  try {
+    const server: RunningPostgres = await startPostgres({ url: process.env.DATABASE_URL, dataDir: '.data/pg', persistent: true });
+    cleanups.push(() => server.stop());
+    say(`PostgreSQL: ${server.embedded ? 'embedded, data in .data/pg' : 'DATABASE_URL'}`);
+    if (stopping) return;
+    await migrate(server.url);
+    say('migrations applied');
+    const pool = new pg.Pool({ connectionString: server.url, max: 4 });
+    pool.on('error', () => undefined);
+    cleanups.push(() => pool.end());
+    await pool.query(SITE_IMPORT_TABLES);
+
+    const target = new URL(server.url);
+    const proxy: WsProxy = await startWsProxy(`${target.hostname}:${target.port || 5432}`);
+    cleanups.push(() => proxy.close());
+    const site: LocalSite = await startSite({ pages: PAGES, failures: { '/page/3': 2, '/page/11': 1, '/page/17': 3 }, delayMs: 300 });
+    cleanups.push(() => site.close());
+
+    const drainSecret = randomBytes(32).toString('hex');
+    const token = dashboardToken();
+    const mf = new Miniflare({
+      modules: true,
+      script: await bundleLocalWorker(),
+      compatibilityDate: COMPATIBILITY_DATE,
+      host: '127.0.0.1',
+      port: PORT,
+      bindings: {
+        DATABASE_URL: server.url,
+        NEON_WS_PROXY: `ws://${proxy.address}`,
+        OUTLIVE_DRAIN_SECRET: drainSecret,
+        OUTLIVE_DASHBOARD_TOKEN: token,
+      },
+    });
+    cleanups.push(() => mf.dispose());
+    const base = await mf.ready;
+    say(`Worker (workerd via Miniflare) on ${base.origin}: POST /drain (signed), /dashboard`);
+
+    // The cron trigger, as Cloudflare would fire it, every few seconds; one at a time.
+    const worker = (await mf.getWorker()) as unknown as { scheduled(o: { cron: string; scheduledTime: Date }): Promise<{ outcome: string }> };
+    let ticking = false;
+    const timer = setInterval(() => {
+      if (ticking || stopping) return;
+      ticking = true;
+      worker
+        .scheduled({ cron: '* * * * *', scheduledTime: new Date() })
+        .then((r) => r.outcome !== 'ok' && say(`cron tick: ${r.outcome}`))
+        .catch((err: unknown) => say(`cron tick failed: ${String(err)}`))
+        .finally(() => (ticking = false));
+    }, CRON_SECONDS * 1000);
+    cleanups.push(async () => clearInterval(timer));
+
+    // The demo: a site import as a run, and one import of a page that is not there.
+    const defs = siteImportTasks(() => pool);
+    const [{ n }] = (await pool.query<{ n: number }>(`SELECT count(*)::int + 1 AS n FROM outlive.runs`)).rows as [{ n: number }];
+    const run = await importSite(pool, defs, n, site.sitemapUrl);
+    const broken = await enqueue(pool, defs.importPage, { siteId: n, url: `${site.url}/page/404` });
+    const drain = new URL('/drain', base).toString();
+    const nudged = await nudge(drain, drainSecret);
+    const dashboard = new URL(`/dashboard/?token=${encodeURIComponent(token)}`, base).toString();
+    say(`site-import run ${run.id} started against ${site.url} (${PAGES} pages, some flaky); task ${broken.id} imports a missing page and will fail`);
+    say(`drain webhook nudged: ${nudged.delivered ? 'accepted' : `not delivered (${nudged.error?.message ?? nudged.status}); the cron tick picks it up`}`);
+    say(`cron tick every ${CRON_SECONDS}s`);
+    console.log('');
+    console.log(`  Dashboard: ${dashboard}`);
+    console.log(`  CLI:       DATABASE_URL=${server.embedded ? server.url : '$DATABASE_URL'} node --import tsx bin/outlive.js run ${run.id}`);
+    console.log('');
+    say('running; Ctrl-C to stop');
+  } catch (err) {
+    console.error(`outlive: ${err instanceof Error ? err.message : String(err)}`);
     await stop();
+    process.exit(1);
   }
 }
 
-main().catch((err) => {
-  console.error(`outlive: ${err instanceof Error ? err.message : String(err)}`);
-  process.exit(1);
-});
+void main();

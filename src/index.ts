@@ -62,3 +62,7 @@ export {
 export type { NudgeOptions, NudgeResult, SignOptions, VerifyOptions, Verification, RejectReason } from './nudge.js';
 export { batchEnqueue, enqueueSql, enqueuedFrom } from './batch.js';
 export type { BatchingDatabase } from './batch.js';
+
+// Dashboard (issue 6)
+export { handleDashboard, MIN_TOKEN_LENGTH } from './dashboard/index.js';
+export type { DashboardOptions } from './dashboard/index.js';

@@ -9,39 +9,16 @@
  * Runs in the outlive process (machine's Node); esbuild, miniflare and ws are
  * devDependencies of the repository root.
  */
-import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
-import { build, type Plugin } from 'esbuild';
 import { Miniflare } from 'miniflare';
 import { signNudge, SIGNATURE_HEADER } from '../../src/nudge.ts';
 import { startWsProxy } from '../../test/support/ws-proxy.ts';
+import { bundleWorker } from '../../scripts/local/bundle.ts';
 
-const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 
-async function bundle(): Promise<string> {
-  const entry = path.join(ROOT, 'functions/cloudflare.ts');
-  const swap: Plugin = {
-    name: 'bench-tasks',
-    setup(b) {
-      b.onResolve({ filter: /^\.\/tasks\.js$/ }, (args) =>
-        args.importer === entry ? { path: fileURLToPath(new URL('./worker-tasks.ts', import.meta.url)) } : undefined,
-      );
-    },
-  };
-  const result = await build({
-    entryPoints: [entry],
-    bundle: true,
-    format: 'esm',
-    platform: 'neutral',
-    conditions: ['workerd', 'worker', 'browser'],
-    mainFields: ['module', 'main'],
-    target: 'es2022',
-    write: false,
-    plugins: [swap],
-    logLevel: 'silent',
-  });
-  return result.outputFiles[0]!.text;
+function bundle(): Promise<string> {
+  return bundleWorker({ tasksModule: fileURLToPath(new URL('./worker-tasks.ts', import.meta.url)) });
 }
 
 /** What the serverless phase measured. */

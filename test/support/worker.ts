@@ -4,44 +4,17 @@
  * Miniflare, that is in workerd, the runtime Cloudflare runs. The Worker
  * reaches the real PostgreSQL through the Neon driver and the WebSocket proxy.
  */
-import path from 'node:path';
 import type { Readable } from 'node:stream';
-import { fileURLToPath } from 'node:url';
-import { build, type Plugin } from 'esbuild';
 import { Miniflare } from 'miniflare';
+import { bundleWorker as bundleWith } from '../../scripts/local/bundle.js';
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 
 /** The compatibility date the Worker is tested at (as in wrangler.toml). */
 export const COMPATIBILITY_DATE = '2025-09-01';
 
-/**
- * Bundles `functions/cloudflare.ts` as Wrangler would (ES module, Workers
- * conditions), swapping its `./tasks.js` for `tasksModule` when given.
- */
-export async function bundleWorker(tasksModule?: string): Promise<string> {
-  const swap: Plugin = {
-    name: 'swap-tasks',
-    setup(b) {
-      if (!tasksModule) return;
-      b.onResolve({ filter: /^\.\/tasks\.js$/ }, (args) =>
-        args.importer === path.join(root, 'functions/cloudflare.ts') ? { path: path.resolve(tasksModule) } : undefined,
-      );
-    },
-  };
-  const result = await build({
-    entryPoints: [path.join(root, 'functions/cloudflare.ts')],
-    bundle: true,
-    format: 'esm',
-    platform: 'neutral',
-    conditions: ['workerd', 'worker', 'browser'],
-    mainFields: ['module', 'main'],
-    target: 'es2022',
-    write: false,
-    plugins: [swap],
-    logLevel: 'silent',
-  });
-  return result.outputFiles[0]!.text;
+/** Bundles the Worker, swapping its `./tasks.js` for `tasksModule` when given. */
+export function bundleWorker(tasksModule?: string): Promise<string> {
+  return bundleWith(tasksModule ? { tasksModule } : {});
 }
 
 /** A Worker running in Miniflare, and what it printed. */

@@ -1,0 +1,182 @@
+/**
+ * The `outlive` CLI, run as the real binary (`node --import tsx bin/outlive.js`)
+ * in a child process against a real database: its output and its exit codes.
+ */
+import { spawn } from 'node:child_process';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { enqueue, startRun, step, tick } from '../src/index.js';
+import { freshDb } from './support/db.js';
+import { explode, fixExplode, greet, tasks } from './fixtures/cli-tasks.js';
+
+const db = await freshDb();
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const TASKS = 'test/fixtures/cli-tasks.ts';
+
+/** Runs the binary; resolves with its exit code and output. */
+function cli(args: string[], env: Record<string, string> = {}): Promise<{ code: number | null; out: string; err: string }> {
+  return new Promise((resolve, reject) => {
+    const { DATABASE_URL: _drop, ...rest } = process.env;
+    const child = spawn(process.execPath, ['--import', 'tsx', 'bin/outlive.js', ...args], { cwd: root, env: { ...rest, ...env } });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (c: Buffer) => (out += String(c)));
+    child.stderr.on('data', (c: Buffer) => (err += String(c)));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, out, err }));
+  });
+}
+
+const url = ['--database-url', db.url];
+
+/** One clear line on stderr, no stack trace. */
+function oneLine(err: string): string {
+  const lines = err.trim().split('\n');
+  expect(lines).toHaveLength(1);
+  expect(err).not.toMatch(/^\s+at /m);
+  return lines[0]!;
+}
+
+// Each call starts node with tsx (1-2 s on a busy machine); a test makes up to a dozen.
+describe('outlive CLI', { timeout: 120_000 }, () => {
+  it('migrates with progress, and again with nothing left to do', async () => {
+    const r = await cli(['migrate', ...url]);
+    expect(r.code, r.err).toBe(0);
+    expect(r.out).toMatch(/outlive migrate: connecting to 127\.0\.0\.1:\d+\/outlive_t_/);
+    expect(r.out).toMatch(/done: 0 applied now, \d+ in all/);
+    const j = await cli(['migrate', '--json'], { DATABASE_URL: db.url });
+    expect(j.code, j.err).toBe(0);
+    expect(JSON.parse(j.out)).toMatchObject({ applied: 0 });
+  });
+
+  it('enqueues with input checked by the task schema; bad input is exit 2 with one line', async () => {
+    const ok = await cli(['enqueue', 'greet', '{"name":"ada"}', '--tasks', TASKS, ...url, '--json']);
+    expect(ok.code, ok.err).toBe(0);
+    const task = JSON.parse(ok.out) as { id: string; name: string; state: string };
+    expect(task).toMatchObject({ name: 'greet', state: 'pending' });
+    expect(await db.rows(`SELECT input FROM outlive.tasks WHERE id = $1`, [task.id])).toEqual([{ input: { name: 'ada' } }]);
+
+    const invalid = await cli(['enqueue', 'greet', '{"name":""}', '--tasks', TASKS, ...url]);
+    expect(invalid.code).toBe(2);
+    expect(oneLine(invalid.err)).toMatch(/^outlive: invalid input for "greet": name: /);
+
+    const notJson = await cli(['enqueue', 'greet', '{name', '--tasks', TASKS, ...url]);
+    expect(notJson.code).toBe(2);
+    expect(oneLine(notJson.err)).toMatch(/^outlive: the input is not valid JSON/);
+
+    const unknown = await cli(['enqueue', 'grete', '{}', '--tasks', TASKS, ...url]);
+    expect(unknown.code).toBe(2);
+    expect(oneLine(unknown.err)).toBe(`outlive: unknown task "grete": ${TASKS} defines "greet", "explode"`);
+    expect(await db.rows(`SELECT count(*)::int AS n FROM outlive.tasks`)).toEqual([{ n: 1 }]);
+  });
+
+  it('answers 3 for an unreachable database and 2 for a bad URL or usage, in one line', async () => {
+    const down = await cli(['status', '--database-url', 'postgres://postgres@127.0.0.1:1/nothing']);
+    expect(down.code).toBe(3);
+    expect(oneLine(down.err)).toMatch(/^outlive: cannot reach the database at 127\.0\.0\.1:1\/nothing: .*ECONNREFUSED/);
+
+    const badUrl = await cli(['tasks', '--database-url', 'mysql://localhost/db']);
+    expect(badUrl.code).toBe(2);
+    expect(oneLine(badUrl.err)).toMatch(/must start with postgres:\/\//);
+
+    const noUrl = await cli(['runs']);
+    expect(noUrl.code).toBe(2);
+    expect(oneLine(noUrl.err)).toMatch(/no database: pass --database-url/);
+
+    const badState = await cli(['tasks', '--state', 'exploded', ...url]);
+    expect(badState.code).toBe(2);
+    expect(badState.err).toMatch(/expected a task state: pending, running/);
+
+    const incomplete = await cli(['retry']);
+    expect(incomplete.code).toBe(2);
+    expect(incomplete.err).toMatch(/Usage: outlive retry/);
+  });
+
+  it('shows status, lists and a task with its error history; retries it', async () => {
+    const failing = await enqueue(db.pool, explode, { why: 'no disk' });
+    await tick(db.pool, { tasks });
+    expect(await db.rows(`SELECT state::text FROM outlive.tasks WHERE id = $1`, [failing.id])).toEqual([{ state: 'failed' }]);
+
+    const s = await cli(['status', ...url]);
+    expect(s.code, s.err).toBe(0);
+    expect(s.out).toMatch(/^tasks: {2}pending 0, running 0, succeeded 1, failed 1, cancelled 0, skipped 0$/m);
+    expect(s.out).toMatch(/^failed in the last hour: 1$/m);
+    expect(s.out).toMatch(/^default\s+0\s+0\s+1\s+1\s+0\s+0$/m);
+    const sj = JSON.parse((await cli(['status', '--json', ...url])).out);
+    expect(sj.tasks).toMatchObject({ succeeded: 1, failed: 1 });
+
+    const list = await cli(['tasks', '--state', 'failed', ...url]);
+    expect(list.code, list.err).toBe(0);
+    const lines = list.out.trim().split('\n');
+    expect(lines[0]).toMatch(/^id\s+name\s+queue\s+state\s+attempts\s+run\s+created\s+last error$/);
+    expect(lines).toHaveLength(3);
+    expect(lines[2]).toMatch(new RegExp(`^${failing.id}\\s+explode\\s+default\\s+failed\\s+1/2\\s+-\\s+\\d+s ago\\s+NonRetriableError: boom: no disk|^${failing.id}\\s+explode\\s+default\\s+failed\\s+1/2\\s+-\\s+\\d+s ago\\s+boom: no disk`));
+    const byName = JSON.parse((await cli(['tasks', '--name', 'greet', '--json', ...url])).out) as { name: string }[];
+    expect(byName.map((t) => t.name)).toEqual(['greet']);
+
+    const shown = await cli(['task', failing.id, ...url]);
+    expect(shown.code, shown.err).toBe(0);
+    expect(shown.out).toMatch(new RegExp(`^task ${failing.id} explode: failed$`, 'm'));
+    expect(shown.out).toMatch(/^input: {2}\{"why":"no disk"\}$/m);
+    expect(shown.out).toMatch(/^errors \(1, oldest first\):\n {2}attempt 1 at \S+: NonRetriableError: boom: no disk$/m);
+
+    const missing = await cli(['task', '999999', ...url]);
+    expect(missing.code).toBe(1);
+    expect(oneLine(missing.err)).toBe('outlive: no task 999999');
+
+    const retried = await cli(['retry', 'task', failing.id, ...url]);
+    expect(retried.code, retried.err).toBe(0);
+    expect(retried.out.trim()).toBe(`task ${failing.id} retried: 1 task pending again`);
+    const again = await cli(['retry', 'task', failing.id, ...url]);
+    expect(again.code).toBe(1);
+    expect(oneLine(again.err)).toMatch(/^outlive: task \d+ was not retried: the task is pending/);
+
+    fixExplode();
+    await tick(db.pool, { tasks });
+    const after = JSON.parse((await cli(['task', failing.id, '--json', ...url])).out);
+    expect(after).toMatchObject({ state: 'succeeded', output: { fixed: 'no disk' } });
+    expect(after.errors).toHaveLength(1);
+  });
+
+  it('shows a run as a tree with why each task waits, lists runs with progress, cancels and retries it', async () => {
+    const run = await startRun(db.pool, 'cli pipeline', {
+      fetch: step(greet, { name: 'fetch' }),
+      parse: step(greet, { name: 'parse' }, { after: ['fetch'] }),
+      store: step(greet, { name: 'store' }, { after: ['parse'] }),
+      side: step(greet, { name: 'side' }),
+    });
+    const tree = await cli(['run', run.id, ...url]);
+    expect(tree.code, tree.err).toBe(0);
+    const lines = tree.out.trim().split('\n');
+    expect(lines[0]).toBe(`run ${run.id} "cli pipeline": running, 0 of 4 tasks done`);
+    expect(lines.slice(2).map((l) => l.replace(/ #\d+/, ''))).toEqual([
+      '├─ fetch [pending] ready: waiting for a pass to claim it',
+      '│  └─ parse [pending] waiting for "fetch" to succeed',
+      '│     └─ store [pending] waiting for "parse" to succeed',
+      '└─ side [pending] ready: waiting for a pass to claim it',
+    ]);
+
+    const runs = await cli(['runs', ...url]);
+    expect(runs.out).toMatch(new RegExp(`^${run.id}\\s+cli pipeline\\s+running\\s+0/4\\s+0\\s+`, 'm'));
+
+    const cancelled = await cli(['cancel', 'run', run.id, ...url]);
+    expect(cancelled.code, cancelled.err).toBe(0);
+    expect(cancelled.out.trim()).toBe(`run ${run.id} cancelled: 4 pending and 0 running tasks cancelled`);
+    const twice = await cli(['cancel', 'run', run.id, ...url]);
+    expect(twice.code).toBe(1);
+    expect(oneLine(twice.err)).toBe(`outlive: run ${run.id} was not cancelled: it has already cancelled`);
+    expect((await cli(['cancel', 'run', '424242', ...url])).code).toBe(1);
+
+    const listed = JSON.parse((await cli(['runs', '--state', 'cancelled', '--json', ...url])).out);
+    expect(listed).toEqual([expect.objectContaining({ id: run.id, state: 'cancelled', done: 4, total: 4 })]);
+
+    const retried = await cli(['retry', 'run', run.id, ...url]);
+    expect(retried.code, retried.err).toBe(0);
+    expect(retried.out.trim()).toBe(`run ${run.id} retried: 4 tasks pending again`);
+    await tick(db.pool, { tasks });
+    const done = await cli(['run', run.id, ...url]);
+    expect(done.out.split('\n')[0]).toBe(`run ${run.id} "cli pipeline": succeeded, 4 of 4 tasks done`);
+    expect(done.out).toMatch(/└─ store #\d+ \[succeeded\] succeeded on attempt 1/);
+  });
+});

@@ -1,0 +1,158 @@
+/**
+ * The dashboard in a real browser: Debian's headless Chromium driven by
+ * playwright-core, against the dashboard's handler served on 127.0.0.1 over a
+ * real database. With OUTLIVE_SCREENSHOTS=1 it saves screenshots of the main
+ * views in docs/screenshots (otherwise in a temporary folder).
+ *
+ * Needs Chromium at /usr/bin/chromium (`apt-get install -y chromium`), or the
+ * path in OUTLIVE_CHROMIUM. Without it the test fails and says so; it never skips.
+ */
+import { existsSync, mkdirSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium, type Browser, type Page } from 'playwright-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { enqueue, startRun, step, tick } from '../src/index.js';
+import { handleDashboard } from '../src/dashboard/index.js';
+import { serveHandler } from '../scripts/local/http.js';
+import { freshDb } from './support/db.js';
+import { explode, fixExplode, greet, tasks } from './fixtures/cli-tasks.js';
+
+const db = await freshDb();
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const CHROMIUM = process.env.OUTLIVE_CHROMIUM ?? '/usr/bin/chromium';
+const TOKEN = 'browser-test-token-0123456789';
+// The docs' screenshots are refreshed on request (OUTLIVE_SCREENSHOTS=1), so a test run leaves the tree clean.
+const shots = process.env.OUTLIVE_SCREENSHOTS ? path.join(root, 'docs/screenshots') : path.join(os.tmpdir(), `outlive-screenshots-${process.pid}`);
+mkdirSync(shots, { recursive: true });
+
+const server = await serveHandler((request) => handleDashboard(request, db.pool, { token: TOKEN, basePath: '/dashboard' }));
+const base = `${server.url}/dashboard`;
+let browser: Browser;
+let page: Page;
+
+beforeAll(async () => {
+  if (!existsSync(CHROMIUM)) {
+    throw new Error(`Chromium is not installed at ${CHROMIUM}: the dashboard's browser tests need it (apt-get install -y chromium, or set OUTLIVE_CHROMIUM to its path)`);
+  }
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
+  });
+  page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+});
+
+afterAll(async () => {
+  await browser?.close();
+  await server.close();
+});
+
+describe('the dashboard in Chromium', () => {
+  it('refuses without the token and shows nothing', async () => {
+    await enqueue(db.pool, greet, { name: 'secret-name-in-a-row' });
+    const bare = await page.goto(base);
+    expect(bare?.status()).toBe(401);
+    const text = await page.locator('body').innerText();
+    expect(text).toContain('Unauthorized');
+    expect(text).not.toContain('secret-name-in-a-row');
+    expect(await page.locator('#task-counts').count()).toBe(0);
+
+    const wrong = await page.goto(`${base}/?token=not-the-token-at-all`);
+    expect(wrong?.status()).toBe(401);
+    expect(await page.context().cookies()).toEqual([]);
+  });
+
+  it('loads with the token, drops it from the address bar and keeps the session in an HttpOnly cookie', async () => {
+    const res = await page.goto(`${base}/?token=${TOKEN}`);
+    expect(res?.status()).toBe(200);
+    expect(page.url()).toBe(`${base}/`);
+    await expect.poll(() => page.locator('h1').innerText()).toBe('Overview');
+    expect(await page.locator('#task-counts .card[data-state="pending"] b').innerText()).toBe('1');
+    const [cookie] = await page.context().cookies();
+    expect(cookie).toMatchObject({ name: 'outlive_dashboard', httpOnly: true, sameSite: 'Strict', path: '/dashboard' });
+    expect(cookie!.value).not.toContain(TOKEN);
+    expect(await page.content()).not.toContain(TOKEN);
+    // A page refreshes by itself.
+    expect(await page.locator('meta[http-equiv="refresh"]').getAttribute('content')).toBe('5');
+  });
+
+  it("draws a run's graph with each task's state, and what waits on what", async () => {
+    const failed = await startRun(db.pool, 'nightly import', {
+      fetch: step(greet, { name: 'fetch' }),
+      parse: step(explode, { why: 'bad row 17' }, { after: ['fetch'] }),
+      store: step(greet, { name: 'store' }, { after: ['parse'] }),
+      report: step(greet, { name: 'report' }, { after: ['store', 'fetch'] }),
+    });
+    await tick(db.pool, { tasks });
+    const fan = Object.fromEntries(Array.from({ length: 30 }, (_, i) => [`page:${i}`, step(greet, { name: `p${i}` })]));
+    const waiting = await startRun(db.pool, 'site import <b>demo</b>', {
+      crawl: step(greet, { name: 'crawl' }),
+      ...fan,
+      finish: step(greet, { name: 'finish' }, { after: Object.keys(fan) }),
+    });
+
+    await page.goto(`${base}/runs/${failed.id}`);
+    const stateOf = (s: string) => page.locator(`svg.graph g.node[data-step="${s}"]`).getAttribute('data-state');
+    expect(await stateOf('fetch')).toBe('succeeded');
+    expect(await stateOf('parse')).toBe('failed');
+    expect(await stateOf('store')).toBe('skipped');
+    expect(await stateOf('report')).toBe('skipped');
+    expect(await page.locator('svg.graph path.edge').count()).toBe(4);
+    expect(await page.locator('#run-tasks tr[data-state="failed"] td').last().innerText()).toMatch(/failed after 1 attempt: .*bad row 17/);
+    expect(await page.locator('h1').innerText()).toMatch(/Run #\d+: nightly import\s+failed/);
+    await page.screenshot({ path: path.join(shots, 'run-failed.png'), fullPage: true });
+
+    await page.goto(`${base}/runs/${waiting.id}?refresh=0`);
+    // Escaped, not markup.
+    expect(await page.locator('h1').innerText()).toContain('site import <b>demo</b>');
+    expect(await page.locator('h1 b').count()).toBe(0);
+    expect(await stateOf('finish')).toBe('pending');
+    expect(await page.locator('#run-tasks tr', { hasText: 'finish' }).innerText()).toMatch(/waiting for "page:0", "page:1", .* and 25 more to succeed/);
+    // 31 ready tasks in the first column: 7 drawn, the rest folded into one box.
+    expect(await page.locator('svg.graph g.node[data-state="pending"][data-task]').count()).toBe(8);
+    expect(await page.locator('svg.graph g.node[data-step="+24 more pending"]').count()).toBe(1);
+    expect(await page.locator('#runs').count()).toBe(0);
+    await page.screenshot({ path: path.join(shots, 'run-waiting.png'), fullPage: true });
+  });
+
+  it('lists a failed task, and its retry button makes it run', async () => {
+    const t = await enqueue(db.pool, explode, { why: 'the mail server said no' });
+    await tick(db.pool, { tasks });
+    await page.goto(`${base}/?refresh=0`);
+    const row = page.locator(`#failures tr[data-task="${t.id}"]`);
+    expect(await row.locator('td.err').innerText()).toContain('the mail server said no');
+    await page.screenshot({ path: path.join(shots, 'overview.png'), fullPage: true });
+
+    await page.goto(`${base}/tasks/${t.id}?refresh=0`);
+    expect(await page.locator('#errors td.err').innerText()).toMatch(/NonRetriableError: boom: the mail server said no/);
+    await page.screenshot({ path: path.join(shots, 'task-failed.png'), fullPage: true });
+
+    // A POST that did not come from a page (no CSRF value) is refused, even with the cookie.
+    const forged = await page.request.post(`${base}/tasks/${t.id}/retry`, { form: { action: 'retry' }, maxRedirects: 0 });
+    expect(forged.status()).toBe(403);
+    expect(await db.rows(`SELECT state::text FROM outlive.tasks WHERE id = $1`, [t.id])).toEqual([{ state: 'failed' }]);
+
+    await page.goto(`${base}/?refresh=0`);
+    await Promise.all([page.waitForURL(`${base}/tasks/${t.id}?flash=task-retried`), row.locator('button[data-action="retry"]').click()]);
+    expect(await page.locator('.flash').innerText()).toMatch(/^Retried/);
+    expect(await page.locator('h1 .badge').innerText()).toBe('pending');
+    expect(await db.rows(`SELECT state::text, attempts FROM outlive.tasks WHERE id = $1`, [t.id])).toEqual([{ state: 'pending', attempts: 0 }]);
+
+    fixExplode();
+    await tick(db.pool, { tasks });
+    await page.goto(`${base}/tasks/${t.id}?refresh=0`);
+    expect(await page.locator('h1 .badge').innerText()).toBe('succeeded');
+    expect(await page.locator('#output').innerText()).toContain('"fixed": "the mail server said no"');
+    // The failed attempt stays in the history.
+    expect(await page.locator('#errors tbody tr').count()).toBe(1);
+  });
+
+  it('takes a bearer token from scripts, without a CSRF value', async () => {
+    const res = await fetch(`${base}/`, { headers: { authorization: `Bearer ${TOKEN}` } });
+    expect(res.status).toBe(200);
+    const wrong = await fetch(`${base}/`, { headers: { authorization: 'Bearer wrong-token-wrong-token' } });
+    expect(wrong.status).toBe(401);
+    expect(await wrong.text()).not.toContain('Overview');
+  });
+});

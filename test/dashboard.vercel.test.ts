@@ -1,0 +1,49 @@
+/**
+ * The dashboard as a Vercel route: the handler `api/dashboard.ts` re-exports,
+ * over the Neon driver (through the WebSocket proxy) and a real database.
+ */
+import { afterAll, describe, expect, it } from 'vitest';
+import { enqueue, tick } from '../src/index.js';
+import { createDashboardRoute } from '../functions/vercel/dashboard.js';
+import type { FunctionsEnv } from '../functions/invocation.js';
+import { freshDb } from './support/db.js';
+import { roleUrl } from './support/functions-db.js';
+import { startWsProxy } from './support/ws-proxy.js';
+import { explode, tasks } from './fixtures/cli-tasks.js';
+
+const db = await freshDb();
+const { url: databaseUrl, password } = await roleUrl(db);
+const target = new URL(db.url);
+const proxy = await startWsProxy(`${target.hostname}:${target.port || 5432}`);
+afterAll(() => proxy.close());
+const TOKEN = 'vercel-dashboard-token-0123456789';
+const lines: string[] = [];
+const env: FunctionsEnv = { DATABASE_URL: databaseUrl, NEON_WS_PROXY: proxy.address, OUTLIVE_DASHBOARD_TOKEN: TOKEN };
+const route = createDashboardRoute(() => tasks, { env, write: (l) => lines.push(l) });
+const at = (path: string, init: RequestInit = {}) => new Request(`https://app.example/api/dashboard${path}`, init);
+
+describe('the Vercel dashboard route', () => {
+  it('refuses without the token; shows and retries a failure with it', async () => {
+    const t = await enqueue(db.pool, explode, { why: 'vercel' });
+    await tick(db.pool, { tasks });
+    expect((await route(at('/'))).status).toBe(401);
+
+    const bearer = { authorization: `Bearer ${TOKEN}` };
+    const page = await route(at('/', { headers: bearer }));
+    expect(page.status).toBe(200);
+    const body = await page.text();
+    expect(body).toContain(`href="/api/dashboard/tasks/${t.id}"`);
+    expect(body).toContain('boom: vercel');
+
+    const retried = await route(at(`/tasks/${t.id}/retry`, { method: 'POST', headers: bearer, body: '' }));
+    expect(retried.status).toBe(303);
+    expect(retried.headers.get('location')).toBe(`/api/dashboard/tasks/${t.id}?flash=task-retried`);
+    expect(await db.rows(`SELECT state::text FROM outlive.tasks WHERE id = $1`, [t.id])).toEqual([{ state: 'pending' }]);
+
+    const off = createDashboardRoute(() => tasks, { env: { ...env, OUTLIVE_DASHBOARD_TOKEN: '' } });
+    const disabled = await off(at('/', { headers: bearer }));
+    expect(disabled.status).toBe(401);
+    expect(await disabled.text()).not.toContain('boom');
+    expect(lines.join('\n')).not.toContain(password);
+  });
+});

@@ -1,0 +1,57 @@
+/**
+ * The dashboard as a route of the Cloudflare Worker: functions/cloudflare.ts
+ * bundled and run in Miniflare (workerd), reading the real database through
+ * the Neon driver and the WebSocket proxy.
+ */
+import { afterAll, describe, expect, it } from 'vitest';
+import { startRun, step } from '../src/index.js';
+import { freshDb } from './support/db.js';
+import { roleUrl } from './support/functions-db.js';
+import { bundleWorker, startWorker } from './support/worker.js';
+import { startWsProxy } from './support/ws-proxy.js';
+import { greet } from './fixtures/cli-tasks.js';
+
+const db = await freshDb();
+const { url: databaseUrl, password } = await roleUrl(db);
+const target = new URL(db.url);
+const proxy = await startWsProxy(`${target.hostname}:${target.port || 5432}`);
+const TOKEN = 'worker-dashboard-token-0123456789';
+const worker = await startWorker(await bundleWorker(), {
+  DATABASE_URL: databaseUrl,
+  NEON_WS_PROXY: `ws://${proxy.address}`,
+  OUTLIVE_DASHBOARD_TOKEN: TOKEN,
+});
+
+afterAll(async () => {
+  await worker.dispose();
+  await proxy.close();
+});
+
+describe('the Worker serves the dashboard', () => {
+  it('answers 401 without the token, and the pages with it', async () => {
+    const run = await startRun(db.pool, 'worker run', { a: step(greet, { name: 'a' }), b: step(greet, { name: 'b' }, { after: ['a'] }) });
+    const bare = await worker.fetch('/dashboard');
+    expect(bare.status).toBe(401);
+    expect(await bare.text()).not.toContain('worker run');
+
+    const login = await worker.fetch(`/dashboard/?token=${TOKEN}`, { redirect: 'manual' });
+    expect(login.status).toBe(303);
+    expect(login.headers.get('location')).toBe('/dashboard/');
+    const cookie = login.headers.get('set-cookie')!;
+    expect(cookie).toMatch(/^outlive_dashboard=[0-9a-f]{64}; Path=\/dashboard; HttpOnly; SameSite=Strict/);
+
+    const overview = await worker.fetch('/dashboard/', { headers: { cookie: cookie.split(';')[0]! } });
+    expect(overview.status).toBe(200);
+    const body = await overview.text();
+    expect(body).toContain('worker run');
+    expect(body).toMatch(/<span class="progress">0 of 2<\/span>/);
+
+    const runPage = await (await worker.fetch(`/dashboard/runs/${run.id}`, { headers: { authorization: `Bearer ${TOKEN}` } })).text();
+    expect(runPage).toMatch(/data-state="pending" data-step="b"/);
+    expect(runPage).toContain('waiting for &quot;a&quot; to succeed');
+    // The drain route is still there, and nothing else.
+    expect((await worker.fetch('/elsewhere')).status).toBe(404);
+    expect(worker.output()).not.toContain(TOKEN);
+    expect(worker.output()).not.toContain(password);
+  });
+});
