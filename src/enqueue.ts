@@ -6,7 +6,7 @@
  * wake-up NOTIFY (fired by the insert trigger) is delivered only on commit.
  */
 import { InvalidEnqueueError } from './errors.js';
-import { utf8Bytes } from './json.js';
+import { storableText, unstorableJson, utf8Bytes } from './json.js';
 import { toExecutor, type Transactional } from './executor.js';
 import { checkMaxAttempts, checkName, MAX_TIMEOUT_MS, type AnyTask, type TaskInput } from './task.js';
 import type { TaskState } from './types.js';
@@ -112,6 +112,8 @@ export function serialiseInput(task: AnyTask, input: unknown): string {
   if (json === undefined) fail(task, 'input does not serialise to JSON (undefined)');
   const bytes = utf8Bytes(json, MAX_INPUT_BYTES);
   if (bytes > MAX_INPUT_BYTES) fail(task, `input is ${bytes} bytes of JSON, over the limit of ${MAX_INPUT_BYTES}`);
+  const why = unstorableJson(json);
+  if (why) fail(task, `input cannot be stored: ${why}`);
   return json;
 }
 
@@ -119,6 +121,7 @@ function checkKey(task: AnyTask, key: unknown): string {
   if (typeof key !== 'string' || key.length === 0 || key.length > 500) {
     fail(task, 'key must be a non-empty string of at most 500 characters');
   }
+  if (storableText(key) !== key) fail(task, 'key must not contain NUL characters or unpaired surrogates');
   return key;
 }
 

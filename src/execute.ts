@@ -6,7 +6,7 @@
 import { backoffDelay } from './backoff.js';
 import type { ClaimedTask } from './claim.js';
 import { InvalidGraphError, NonRetriableError, RetryAfterError, toError } from './errors.js';
-import { utf8Bytes } from './json.js';
+import { storableText, unstorableJson, utf8Bytes } from './json.js';
 import type { Executor } from './executor.js';
 import { checkGraph } from './graph.js';
 import { MAX_STEPS_PER_WRITE, prepareStep, type PreparedStep, type Step } from './runs.js';
@@ -58,9 +58,9 @@ export function entry(err: Error, attempt: number): ErrorEntry {
     attempt,
     at: new Date().toISOString(),
     name: err.name || 'Error',
-    message: String(err.message).slice(0, 4_000),
+    message: storableText(String(err.message).slice(0, 4_000)),
   };
-  if (err.stack) e.stack = err.stack.slice(0, 8_000);
+  if (err.stack) e.stack = storableText(err.stack.slice(0, 8_000));
   return e;
 }
 
@@ -90,6 +90,8 @@ function serialiseOutput(value: unknown): string | null {
   if (bytes > MAX_OUTPUT_BYTES) {
     throw new NonRetriableError(`output is ${bytes} bytes of JSON, over the limit of ${MAX_OUTPUT_BYTES}`);
   }
+  const why = unstorableJson(json);
+  if (why) throw new NonRetriableError(`output cannot be stored: ${why}`);
   return json;
 }
 

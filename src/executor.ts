@@ -114,22 +114,35 @@ export function toPool(db: Database): PoolLike {
 }
 
 /**
- * Runs `fn` in a transaction on a client of `pool`: BEGIN, then COMMIT if it
- * resolves, ROLLBACK if it throws. A client whose ROLLBACK failed (a broken
+ * Runs `fn` with a client of `pool` inside BEGIN, then COMMIT if it resolves,
+ * ROLLBACK if it throws. A client whose ROLLBACK failed (a broken
  * connection) is destroyed rather than returned to the pool.
  */
-export async function inTransaction<T>(pool: PoolLike, fn: (db: Executor) => Promise<T>): Promise<T> {
+export async function transaction<T>(pool: PoolLike, fn: (client: PoolClientLike) => Promise<T>): Promise<T> {
   const client = await pool.connect();
+  // node-postgres' pool drops its own 'error' listener from a client while it
+  // is checked out, and a client emits 'error' when its connection ends, even
+  // mid-query: with no listener that event would crash the process. The
+  // query in flight fails on its own; this only keeps the event handled.
+  const emitter = client as unknown as { on?(e: 'error', f: (err: Error) => void): void; off?(e: 'error', f: (err: Error) => void): void };
   let broken: Error | undefined;
+  const onError = (err: Error) => (broken ??= err);
+  emitter.on?.('error', onError);
   try {
     await client.query('BEGIN');
-    const result = await fn(toExecutor(client));
+    const result = await fn(client);
     await client.query('COMMIT');
     return result;
   } catch (err) {
-    await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+    await client.query('ROLLBACK').catch((e: Error) => (broken ??= e));
     throw err;
   } finally {
+    emitter.off?.('error', onError);
     client.release(broken);
   }
+}
+
+/** As {@link transaction}, handing `fn` an {@link Executor}. */
+export function inTransaction<T>(pool: PoolLike, fn: (db: Executor) => Promise<T>): Promise<T> {
+  return transaction(pool, (client) => fn(toExecutor(client)));
 }

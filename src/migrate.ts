@@ -32,6 +32,11 @@ export async function migrate(target: string | pg.Pool | pg.Client): Promise<voi
         ? await target.connect()
         : target;
   if (typeof target === 'string') await (client as pg.Client).connect();
+  // A connection that ends mid-migration fails the query in flight; without a
+  // listener the client's 'error' event would also crash the process.
+  let lost: Error | undefined;
+  const onError = (err: Error) => (lost ??= err);
+  client.on('error', onError);
   try {
     await client.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK]);
     try {
@@ -44,7 +49,8 @@ export async function migrate(target: string | pg.Pool | pg.Client): Promise<voi
       await client.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]);
     }
   } finally {
-    if (typeof target === 'string') await (client as pg.Client).end();
-    else if (target instanceof pg.Pool) (client as pg.PoolClient).release();
+    client.off('error', onError);
+    if (typeof target === 'string') await (client as pg.Client).end().catch(() => undefined);
+    else if (target instanceof pg.Pool) (client as pg.PoolClient).release(lost);
   }
 }

@@ -15,7 +15,7 @@
 import { Cron } from 'croner';
 import { enqueue, type EnqueueOptions } from './enqueue.js';
 import { ConfigError, OutliveError, toError } from './errors.js';
-import { toExecutor, toPool, type Database, type Executor, type PoolClientLike } from './executor.js';
+import { toExecutor, toPool, transaction, type Database, type Executor } from './executor.js';
 import type { AnyTask, TaskInput } from './task.js';
 
 /**
@@ -344,30 +344,10 @@ async function sync(
   return rows;
 }
 
-async function inTransaction<R>(db: Database, work: (client: PoolClientLike) => Promise<R>): Promise<R> {
-  const client = await toPool(db).connect();
-  let broken: Error | undefined;
-  try {
-    await client.query('BEGIN');
-    try {
-      const result = await work(client);
-      await client.query('COMMIT');
-      return result;
-    } catch (err) {
-      await client.query('ROLLBACK').catch((e: unknown) => {
-        broken = toError(e);
-      });
-      throw err;
-    }
-  } finally {
-    // A connection that failed to roll back is not handed to the next caller.
-    client.release(broken ?? false);
-  }
-}
 
 /** Fires the due slots of one schedule in one transaction; returns what it enqueued and skipped. */
 async function fire(db: Database, s: AnySchedule, now: Date): Promise<{ fired: FiredSlot[]; skipped: number; next: Date }> {
-  return inTransaction(db, async (client) => {
+  return transaction(toPool(db), async (client) => {
     const exec = toExecutor(client);
     const [row] = await exec.query<{ cron: string; timezone: string; next_slot: Date }>(LOCK_SCHEDULE, [s.name]);
     // Gone, or set to another cron by a tick running other code (a deploy in

@@ -5,7 +5,7 @@
  * lease was lost (recovered after expiring, or its task cancelled) matches no
  * row, and its late result is dropped: it cannot overwrite what happened since.
  */
-import { toError } from './errors.js';
+import { OutliveError, toError } from './errors.js';
 import { entry, type Outcome } from './execute.js';
 import { inTransaction, toExecutor, type Executor, type PoolLike } from './executor.js';
 import { applyRunEffects, type RunRow } from './release.js';
@@ -106,33 +106,31 @@ function settleWithRuns(pool: PoolLike, owner: string, outcomes: readonly Outcom
 
 /**
  * Settles a batch of outcomes held under `owner`'s lease; returns the rows it
- * changed. Tasks outside runs settle in one statement; a batch with tasks of
- * runs settles in one transaction with its knock-on effects. If that
- * transaction fails (a spawn naming a step that exists, a deadlock between
- * settles of one run), each outcome is retried alone, and one that still
- * cannot be written is settled as a failure carrying the database's error,
- * so one bad outcome never keeps the others from landing.
+ * changed. Tasks outside runs, and run tasks that neither failed nor spawned,
+ * settle in one statement; the others in one transaction with their run
+ * knock-ons. If the batch fails (a spawn naming a step that exists, a value
+ * the database refuses, a deadlock between settles of one run), each outcome
+ * is retried alone, and one that still cannot be written is settled as a
+ * failure carrying the database's error, so one bad outcome never keeps the
+ * others from landing.
  */
 export async function settle(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
   if (outcomes.length === 0) return [];
-  if (outcomes.every((o) => o.runId === null)) return settleRows(toExecutor(pool), owner, outcomes, now);
-  if (outcomes.every((o) => o.state !== 'failed' && !(o.state === 'succeeded' && o.spawns?.length))) {
-    try {
-      return strip(await settleRows(toExecutor(pool), owner, outcomes, now, SETTLE_RUN_TASKS_SQL, 'outlive_settle_runs'));
-    } catch {
-      // A deadlock between settles of one run, say: the general path below.
-    }
-  }
   try {
-    return await settleWithRuns(pool, owner, outcomes, now);
-  } catch {
+    return await settleBatch(pool, owner, outcomes, now);
+  } catch (err) {
+    // A lost connection fails every outcome alike: the rows keep their leases.
+    if (!refusedByDatabase(err)) throw err;
+    // One outcome the database refuses must not keep the others from
+    // landing: settle each alone, and one that still cannot be written as a
+    // failure carrying the database's error.
     const rows: SettledRow[] = [];
     for (const outcome of outcomes) {
       let lastError: unknown;
       let done = false;
       for (let attempt = 0; attempt < 2 && !done; attempt++) {
         try {
-          rows.push(...(await settleWithRuns(pool, owner, [outcome], now)));
+          rows.push(...(await settleBatch(pool, owner, [outcome], now)));
           done = true;
         } catch (err) {
           lastError = err;
@@ -146,11 +144,35 @@ export async function settle(pool: PoolLike, owner: string, outcomes: readonly O
           state: 'failed',
           error: entry(new Error(`could not record the outcome: ${err.message}`, { cause: err }), 0),
         };
-        rows.push(...(await settleWithRuns(pool, owner, [failed], now)));
+        rows.push(...(await settleBatch(pool, owner, [failed], now)));
       }
     }
     return rows;
   }
+}
+
+/** Settles one batch: one statement where it can, else a transaction with the run knock-ons. */
+async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
+  if (outcomes.every((o) => o.runId === null)) return settleRows(toExecutor(pool), owner, outcomes, now);
+  if (outcomes.every((o) => o.state !== 'failed' && !(o.state === 'succeeded' && o.spawns?.length))) {
+    try {
+      return strip(await settleRows(toExecutor(pool), owner, outcomes, now, SETTLE_RUN_TASKS_SQL, 'outlive_settle_runs'));
+    } catch {
+      // A deadlock between settles of one run, say: the transaction below.
+    }
+  }
+  return settleWithRuns(pool, owner, outcomes, now);
+}
+
+/**
+ * True for an error about what was written (a check of ours, or an error the
+ * database raised about the statement), not about the connection (SQLSTATE
+ * classes 08 and 57, or no SQLSTATE at all).
+ */
+function refusedByDatabase(err: unknown): boolean {
+  if (err instanceof OutliveError) return true;
+  const code = (err as { code?: unknown })?.code;
+  return typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) && !code.startsWith('08') && !code.startsWith('57');
 }
 
 function strip(rows: (SettledRow & { notified?: unknown; runs?: unknown })[]): SettledRow[] {
