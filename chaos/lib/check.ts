@@ -1,0 +1,188 @@
+/**
+ * The end-of-run checks, read from the rows and from the side-effect table
+ * alone. Each returns the violations it found (empty: the guarantee held),
+ * with up to a few example rows each, so a failure says what went wrong.
+ */
+import type pg from 'pg';
+
+/** What the orchestrator knows it wrote: every enqueue and run whose commit it saw. */
+export interface Expected {
+  /** `n` of every plain task whose enqueue committed. */
+  plain: Set<number>;
+  /** `n` of every plain task whose enqueue failed (it may or may not exist: the commit's answer may be what was lost). */
+  plainUncertain: Set<number>;
+  /** Names of runs whose start committed, and those whose start failed. */
+  runs: Set<string>;
+  runsUncertain: Set<string>;
+}
+
+/** What the checks counted. */
+export interface CheckReport {
+  violations: string[];
+  tasks: number;
+  byState: Record<string, number>;
+  runs: number;
+  runsByState: Record<string, number>;
+  effects: number;
+  /** Tasks that executed (reached their side effect) more than once. */
+  reExecutedTasks: number;
+  /** Executions beyond one per task. */
+  extraExecutions: number;
+  /** Executions whose result was not the one recorded (abandoned at timeout, lease lost, killed after the effect). */
+  discardedExecutions: number;
+  scheduledSlots: number;
+  /** Tasks whose handler never fails that still failed for good (their attempts used up by kills, hangs and cuts). */
+  exhaustedByFaults: number;
+}
+
+async function q<R>(pool: pg.Pool, text: string, params: unknown[] = []): Promise<R[]> {
+  return (await pool.query(text, params)).rows as R[];
+}
+
+/** Runs every check against the database of `pool`, as of the database time `now`. */
+export async function checkAll(pool: pg.Pool, expected: Expected, now: Date): Promise<CheckReport> {
+  const violations: string[] = [];
+  const fail = (what: string, rows: unknown[]) => {
+    if (rows.length > 0) violations.push(`${what}: ${rows.length} (e.g. ${JSON.stringify(rows.slice(0, 3))})`);
+  };
+
+  const byState = Object.fromEntries(
+    (await q<{ state: string; n: number }>(pool, `SELECT state::text, count(*)::int AS n FROM outlive.tasks GROUP BY 1`)).map((r) => [r.state, r.n]),
+  );
+  const tasks = Object.values(byState).reduce((a, b) => a + b, 0);
+
+  // 1. Every task final, or pending for a reason: its time has not come, or it waits on unfinished steps.
+  fail('tasks left running after the final recovery', await q(pool, `SELECT id, name, attempts, lease_expires_at FROM outlive.tasks WHERE state = 'running'`));
+  fail(
+    'tasks pending with nothing to wait for',
+    await q(pool, `SELECT id, name, run_at, waiting_on FROM outlive.tasks WHERE state = 'pending' AND waiting_on = 0 AND run_at <= $1`, [now]),
+  );
+
+  // 2. Attempts never exceed the maximum.
+  fail('tasks with more attempts than max_attempts', await q(pool, `SELECT id, attempts, max_attempts FROM outlive.tasks WHERE attempts > max_attempts`));
+
+  // 3. Exactly-once settlement: a succeeded task's output names one execution,
+  //    the one of its last counted attempt, and that execution's effect exists once.
+  fail(
+    'succeeded tasks whose output matches no single execution of their last attempt',
+    await q(
+      pool,
+      `SELECT t.id, t.attempts, t.output FROM outlive.tasks t
+       WHERE t.state = 'succeeded' AND t.name LIKE 'chaos.%'
+         AND ((t.output->>'attempt')::int IS DISTINCT FROM t.attempts
+              OR (SELECT count(*) FROM chaos_effects e WHERE e.task_id = t.id AND e.token::text = t.output->>'token' AND e.attempt = t.attempts) <> 1)`,
+    ),
+  );
+
+  // 4. At-least-once, bounded: one execution per counted attempt at most, and no
+  //    attempt number ever ran twice (two executions of one claim).
+  fail(
+    'attempts that executed twice',
+    await q(pool, `SELECT task_id, attempt, count(*)::int AS n FROM chaos_effects GROUP BY 1, 2 HAVING count(*) > 1`),
+  );
+  fail(
+    'executions beyond the attempts counted',
+    await q(
+      pool,
+      `SELECT e.task_id, max(e.attempt) AS max_attempt, count(*)::int AS n, t.attempts FROM chaos_effects e JOIN outlive.tasks t ON t.id = e.task_id
+       GROUP BY e.task_id, t.attempts HAVING max(e.attempt) > t.attempts OR count(*) > t.attempts`,
+    ),
+  );
+  fail('effects of tasks that do not exist', await q(pool, `SELECT DISTINCT e.task_id FROM chaos_effects e LEFT JOIN outlive.tasks t ON t.id = e.task_id WHERE t.id IS NULL LIMIT 10`));
+
+  // 5. Nothing lost, nothing doubled: every committed enqueue and run is there, once.
+  const plainRows = await q<{ n: number; c: number }>(
+    pool,
+    `SELECT (input->>'n')::int AS n, count(*)::int AS c FROM outlive.tasks WHERE name = 'chaos.plain' AND run_id IS NULL GROUP BY 1`,
+  );
+  const seen = new Map(plainRows.map((r) => [r.n, r.c]));
+  fail('plain tasks enqueued twice', plainRows.filter((r) => r.c > 1));
+  fail('committed plain tasks missing', [...expected.plain].filter((n) => !seen.has(n)));
+  fail('plain tasks nobody enqueued', plainRows.filter((r) => !expected.plain.has(r.n) && !expected.plainUncertain.has(r.n)));
+  const runRows = await q<{ name: string; c: number }>(pool, `SELECT name, count(*)::int AS c FROM outlive.runs GROUP BY 1`);
+  const runSeen = new Map(runRows.map((r) => [r.name, r.c]));
+  fail('runs started twice', runRows.filter((r) => r.c > 1));
+  fail('committed runs missing', [...expected.runs].filter((n) => !runSeen.has(n)));
+
+  // 6. Every run's state matches its tasks.
+  const runStates = await q<{ id: string; state: string; unfinished: number; open: number; total: number; ok: number; failed: number; failed_task_state: string | null }>(
+    pool,
+    `SELECT r.id, r.state::text, r.unfinished,
+            count(t.id) FILTER (WHERE t.state IN ('pending', 'running'))::int AS open,
+            count(t.id)::int AS total,
+            count(t.id) FILTER (WHERE t.state = 'succeeded')::int AS ok,
+            count(t.id) FILTER (WHERE t.state = 'failed')::int AS failed,
+            (SELECT f.state::text FROM outlive.tasks f WHERE f.id = r.failed_task_id) AS failed_task_state
+     FROM outlive.runs r LEFT JOIN outlive.tasks t ON t.run_id = r.id GROUP BY r.id`,
+  );
+  fail('runs whose unfinished count is not their open tasks', runStates.filter((r) => r.unfinished !== r.open));
+  fail('succeeded runs with a task not succeeded', runStates.filter((r) => r.state === 'succeeded' && r.ok !== r.total));
+  fail('runs whose tasks all succeeded but are not succeeded', runStates.filter((r) => r.total > 0 && r.ok === r.total && r.state !== 'succeeded'));
+  fail('failed runs without a failed task, or with tasks open', runStates.filter((r) => r.state === 'failed' && (r.failed === 0 || r.open > 0 || r.failed_task_state !== 'failed')));
+  fail('running runs with nothing open', runStates.filter((r) => r.state === 'running' && r.open === 0));
+  fail('runs with a failed task that did not fail', runStates.filter((r) => r.failed > 0 && r.open === 0 && r.state !== 'failed'));
+  // A fan-out that succeeded wrote its spawns exactly once.
+  fail(
+    'succeeded fan-outs whose run does not hold children + join + root',
+    await q(
+      pool,
+      `SELECT f.run_id, jsonb_array_length(f.input->'children') + 2 AS want, (SELECT count(*)::int FROM outlive.tasks t WHERE t.run_id = f.run_id) AS got
+       FROM outlive.tasks f WHERE f.name = 'chaos.fan' AND f.state = 'succeeded'
+         AND (SELECT count(*) FROM outlive.tasks t WHERE t.run_id = f.run_id) <> jsonb_array_length(f.input->'children') + 2`,
+    ),
+  );
+
+  // 7. Every scheduled slot enqueued once, and none skipped between the first and the last.
+  const slots = await q<{ slot: string; c: number }>(
+    pool,
+    `SELECT input->>'slot' AS slot, count(*)::int AS c FROM outlive.tasks WHERE name = 'chaos.sched' GROUP BY 1 ORDER BY 1`,
+  );
+  fail('schedule slots enqueued more than once', slots.filter((s) => s.c > 1));
+  const slotRows = await q<{ n: number; orphans: number }>(
+    pool,
+    `SELECT count(*)::int AS n, count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM outlive.tasks t WHERE t.id = s.task_id))::int AS orphans FROM outlive.schedule_slots s`,
+  );
+  if (slotRows[0]!.n !== slots.length) violations.push(`schedule_slots holds ${slotRows[0]!.n} rows for ${slots.length} slot tasks`);
+  fail('schedule_slots rows whose task does not exist', slotRows[0]!.orphans > 0 ? [slotRows[0]] : []);
+  const gaps: string[] = [];
+  for (let i = 1; i < slots.length; i++) {
+    const gap = Date.parse(slots[i]!.slot) - Date.parse(slots[i - 1]!.slot);
+    if (gap !== 1000) gaps.push(`${slots[i - 1]!.slot} -> ${slots[i]!.slot}`);
+  }
+  fail('gaps between consecutive schedule slots', gaps);
+
+  // Counts for the summary.
+  const effects = (await q<{ n: number }>(pool, `SELECT count(*)::int AS n FROM chaos_effects`))[0]!.n;
+  const multi = (
+    await q<{ tasks: number; extra: number }>(
+      pool,
+      `SELECT count(*) FILTER (WHERE n > 1)::int AS tasks, coalesce(sum(n - 1), 0)::int AS extra FROM (SELECT task_id, count(*) AS n FROM chaos_effects GROUP BY 1) x`,
+    )
+  )[0]!;
+  const discarded = (
+    await q<{ n: number }>(
+      pool,
+      `SELECT count(*)::int AS n FROM chaos_effects e JOIN outlive.tasks t ON t.id = e.task_id
+       WHERE t.state <> 'succeeded' OR e.token::text IS DISTINCT FROM t.output->>'token'`,
+    )
+  )[0]!.n;
+  const exhausted = (
+    await q<{ n: number }>(pool, `SELECT count(*)::int AS n FROM outlive.tasks WHERE state = 'failed' AND name = 'chaos.plain' AND input->>'mode' <> 'fail'`)
+  )[0]!.n;
+  const runsByState = Object.fromEntries(
+    (await q<{ state: string; n: number }>(pool, `SELECT state::text, count(*)::int AS n FROM outlive.runs GROUP BY 1`)).map((r) => [r.state, r.n]),
+  );
+  return {
+    violations,
+    tasks,
+    byState,
+    runs: runStates.length,
+    runsByState,
+    effects,
+    reExecutedTasks: multi.tasks,
+    extraExecutions: multi.extra,
+    discardedExecutions: discarded,
+    scheduledSlots: slots.length,
+    exhaustedByFaults: exhausted,
+  };
+}
