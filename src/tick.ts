@@ -9,7 +9,7 @@
  */
 import { claim, type ClaimedTask } from './claim.js';
 import { ConfigError, OutliveError, toError } from './errors.js';
-import { execute, HandBackError, type Outcome } from './execute.js';
+import { AttemptAbort, execute, HandBackError, type Outcome } from './execute.js';
 import { toExecutor, toPool, type Database } from './executor.js';
 import { recover } from './recover.js';
 import { settle } from './settle.js';
@@ -216,7 +216,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // running longer than one check interval are looked at, so a pass of short
   // tasks never sends this query.
   const leaseCheckMs = options.leaseCheckMs ?? 1_000;
-  const active = new Map<string, { controller: AbortController; since: number }>();
+  const active = new Map<string, { abort: AttemptAbort; since: number }>();
   let checking = false;
   const checkLeases = async () => {
     if (checking) return;
@@ -226,7 +226,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     checking = true;
     try {
       const lost = await exec.query<{ id: string }>(LOST_LEASES_SQL, [ids, owner]);
-      for (const { id } of lost) active.get(id)?.controller.abort(new LeaseLostError(id));
+      for (const { id } of lost) active.get(id)?.abort.abort(new LeaseLostError(id));
     } catch {
       // A failed check is retried at the next interval; settling is what guards correctness.
     } finally {
@@ -235,20 +235,23 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   };
   const watcher = setInterval(() => void checkLeases(), leaseCheckMs);
 
+  // One listener for the whole pass, not one per task.
+  const handBackAll = () => {
+    for (const { abort } of active.values()) abort.abort(new HandBackError());
+  };
+  options.abort?.addEventListener('abort', handBackAll, { once: true });
+
   const start = (row: ClaimedTask) => {
     running++;
     unsettled++;
-    const controller = new AbortController();
-    const onPassAbort = () => controller.abort(new HandBackError());
-    if (options.abort?.aborted) onPassAbort();
-    else options.abort?.addEventListener('abort', onPassAbort, { once: true });
+    const abort = new AttemptAbort();
+    if (options.abort?.aborted) abort.abort(new HandBackError());
     const since = performance.now();
-    active.set(row.id, { controller, since });
-    void execute(registry.get(row.name), row, { signal: controller.signal, db: exec }).then((outcome) => {
+    active.set(row.id, { abort, since });
+    void execute(registry.get(row.name), row, { attempt: abort, db: exec }).then((outcome) => {
       const took = performance.now() - since;
       avgHandlerMs = avgHandlerMs === null ? took : avgHandlerMs * 0.8 + took * 0.2;
       active.delete(row.id);
-      options.abort?.removeEventListener('abort', onPassAbort);
       running--;
       queue.push(outcome);
       void flush();
@@ -355,6 +358,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   }
   await flush();
   clearInterval(watcher);
+  options.abort?.removeEventListener('abort', handBackAll);
   report.durationMs = Math.round(performance.now() - started);
   if (dbError) {
     const err = toError(dbError);
