@@ -128,7 +128,7 @@ const sampler = async () => {
     const client = await pool.connect();
     try {
       await client.query('BEGIN');
-      const plan = await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) ${CLAIM_SQL}`, [null, 60_000, null, 10, 'sampler', 1_000]);
+      const plan = await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) ${CLAIM_SQL}`, [null, 60_000, null, 10, 'sampler', 1_000, 30_000]);
       await client.query('ROLLBACK');
       const p = plan.rows[0]['QUERY PLAN'][0];
       const stats = (

@@ -27,6 +27,12 @@ export interface ClaimRequest {
   queues: readonly string[] | null;
   /** Extra lease time beyond the task's timeout, to settle in. */
   leaseGraceMs: number;
+  /**
+   * The longest lease a claim takes. A task whose timeout is longer gets this
+   * much, and the pass running it extends it while it runs (its heartbeat),
+   * so a task of a pass that died is recovered within one lease, not one timeout.
+   */
+  leaseMs: number;
   /** The time to claim at; null for the database's clock. */
   now: Date | null;
 }
@@ -52,7 +58,7 @@ UPDATE outlive.tasks t
 SET state = 'running',
     attempts = t.attempts + 1,
     lease_owner = $5,
-    lease_expires_at = coalesce($1::timestamptz, now()) + (t.timeout_ms + $6) * interval '1 millisecond',
+    lease_expires_at = coalesce($1::timestamptz, now()) + (least(t.timeout_ms, $7) + $6) * interval '1 millisecond',
     started_at = coalesce($1::timestamptz, now()),
     updated_at = coalesce($1::timestamptz, now())
 FROM ready
@@ -64,7 +70,7 @@ export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTas
   if (req.limit <= 0) return [];
   return db.query<ClaimedTask>(
     CLAIM_SQL,
-    [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs],
+    [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs, req.leaseMs],
     'outlive_claim',
   );
 }

@@ -103,7 +103,7 @@ function serialiseOutput(value: unknown): string | null {
 export async function execute(
   task: AnyTask | undefined,
   claimed: ClaimedTask,
-  extra: { attempt?: AttemptAbort; db?: Executor } = {},
+  extra: { attempt?: AttemptAbort; db?: Executor; heartbeat?: () => Promise<boolean> } = {},
 ): Promise<Outcome> {
   if (!task) {
     return failure(undefined, claimed, new NonRetriableError(
@@ -120,7 +120,7 @@ export async function execute(
   const aborted = abort.race();
   const timer = setTimeout(() => abort.abort(new TaskTimeoutError(claimed.timeout_ms)), claimed.timeout_ms);
   const spawns: PreparedStep[] = [];
-  const ctx = runContext(claimed, abort, spawns, extra.db);
+  const ctx = runContext(claimed, abort, spawns, extra.db, extra.heartbeat);
   try {
     // A handler that ignores its signal is abandoned here at its timeout:
     // the race settles the task, and whatever it returns later is dropped.
@@ -202,7 +202,13 @@ const DEPENDENCY_OUTPUTS_SQL = `
 SELECT p.step, p.output FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
 WHERE d.task_id = $1 AND p.state = 'succeeded'`;
 
-function runContext(claimed: ClaimedTask, abort: AttemptAbort, spawns: PreparedStep[], db: Executor | undefined): TaskContext {
+function runContext(
+  claimed: ClaimedTask,
+  abort: AttemptAbort,
+  spawns: PreparedStep[],
+  db: Executor | undefined,
+  heartbeat: (() => Promise<boolean>) | undefined,
+): TaskContext {
   const where = `task ${claimed.id} ("${claimed.name}")`;
   const spawned = new Set<string>();
   const needRun = (what: string) => {
@@ -219,6 +225,7 @@ function runContext(claimed: ClaimedTask, abort: AttemptAbort, spawns: PreparedS
     get signal() {
       return abort.signal;
     },
+    heartbeat: heartbeat ?? (async () => !abort.aborted),
     spawn(name: string, spec: Step) {
       needRun('spawn');
       if (spawns.length >= MAX_STEPS_PER_WRITE) {

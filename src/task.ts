@@ -35,6 +35,13 @@ export interface TaskContext {
    * ```
    */
   spawn(step: string, spec: Step): void;
+  /**
+   * Extends this attempt's lease now, and tells whether it still holds it
+   * (false: the task was cancelled or recovered; its signal has fired). The
+   * pass already does this every second for tasks that run longer; call it
+   * before a step whose result must not be written twice.
+   */
+  heartbeat(): Promise<boolean>;
   /** The stored output of a succeeded step of this task's run (runs only). */
   output<O = unknown>(step: string): Promise<O>;
   /** The outputs of the steps this task waited for, by step name (runs only). */

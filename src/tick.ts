@@ -44,6 +44,12 @@ export interface TickOptions {
   owner?: string;
   /** Lease time beyond a task's timeout, for its settle to land. Default 5 s. */
   leaseGraceMs?: number;
+  /**
+   * The longest lease a claim takes (plus the grace). Tasks with longer
+   * timeouts are kept alive by the pass's heartbeat every `leaseCheckMs`, so
+   * a task whose pass died is recovered within one lease. Default 30 s.
+   */
+  leaseMs?: number;
   /** Time kept back at the end of the budget for the last settles. Default 250 ms. */
   reserveMs?: number;
   /** Aborting stops claiming; running handlers go on to finish and settle. */
@@ -56,9 +62,9 @@ export interface TickOptions {
    */
   abort?: AbortSignal;
   /**
-   * How often the pass checks that the tasks it has been running for a while
-   * still hold their lease (not cancelled, not recovered), and fires the
-   * signal of those that do not. Default 1 s.
+   * How often the pass beats the heart of the tasks it has been running for a
+   * while: extends the leases it still holds, and fires the signal of those
+   * it lost (cancelled, recovered). Default 1 s.
    */
   leaseCheckMs?: number;
 }
@@ -108,9 +114,16 @@ export class LeaseLostError extends Error {
   }
 }
 
-const LOST_LEASES_SQL = `
-SELECT id::text FROM outlive.tasks
-WHERE id = ANY($1::bigint[]) AND (state <> 'running' OR lease_owner IS DISTINCT FROM $2)`;
+// The heartbeat: extends the leases this pass still holds (a compare-and-set
+// on state and owner) and returns the ids it no longer holds.
+const HEARTBEAT_SQL = `
+WITH held AS (
+  UPDATE outlive.tasks
+  SET lease_expires_at = greatest(lease_expires_at, coalesce($3::timestamptz, now()) + (least(timeout_ms, $4) + $5) * interval '1 millisecond')
+  WHERE id = ANY($1::bigint[]) AND state = 'running' AND lease_owner = $2
+  RETURNING id
+)
+SELECT x.id::text FROM unnest($1::bigint[]) AS x(id) WHERE x.id NOT IN (SELECT id FROM held)`;
 
 function positiveInt(name: string, value: number | undefined, fallback: number): number {
   const v = value ?? fallback;
@@ -135,6 +148,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   const concurrency = positiveInt('concurrency', options.concurrency, 10);
   const maxTasks = options.maxTasks === undefined ? Infinity : positiveInt('maxTasks', options.maxTasks, 1);
   const leaseGraceMs = options.leaseGraceMs ?? 5_000;
+  const leaseMs = positiveInt('leaseMs', options.leaseMs, 30_000);
   const prefetch = options.prefetch ?? 500;
   if (!Number.isInteger(prefetch) || prefetch < 0) throw new ConfigError(`outlive: tick option prefetch must be a whole number >= 0, got ${String(options.prefetch)}`);
   const reserveMs = options.reserveMs ?? 250;
@@ -225,7 +239,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     if (ids.length === 0) return;
     checking = true;
     try {
-      const lost = await exec.query<{ id: string }>(LOST_LEASES_SQL, [ids, owner]);
+      const lost = await exec.query<{ id: string }>(HEARTBEAT_SQL, [ids, owner, now, leaseMs, leaseGraceMs]);
       for (const { id } of lost) active.get(id)?.abort.abort(new LeaseLostError(id));
     } catch {
       // A failed check is retried at the next interval; settling is what guards correctness.
@@ -248,7 +262,12 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     if (options.abort?.aborted) abort.abort(new HandBackError());
     const since = performance.now();
     active.set(row.id, { abort, since });
-    void execute(registry.get(row.name), row, { attempt: abort, db: exec }).then((outcome) => {
+    const heartbeat = async () => {
+      const lost = await exec.query<{ id: string }>(HEARTBEAT_SQL, [[row.id], owner, now, leaseMs, leaseGraceMs]);
+      if (lost.length > 0) abort.abort(new LeaseLostError(row.id));
+      return lost.length === 0;
+    };
+    void execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat }).then((outcome) => {
       const took = performance.now() - since;
       avgHandlerMs = avgHandlerMs === null ? took : avgHandlerMs * 0.8 + took * 0.2;
       active.delete(row.id);
@@ -332,6 +351,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
           maxTimeoutMs: remaining,
           queues,
           leaseGraceMs,
+          leaseMs,
           now,
         });
         const at = performance.now();

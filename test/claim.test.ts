@@ -42,7 +42,7 @@ describe('claim', () => {
     );
     const claims = await Promise.all(
       Array.from({ length: 9 }, (_, k) =>
-        claim(toExecutor(db.pool), { owner: `c${k}`, limit: 10, maxTimeoutMs: 60_000, queues: null, leaseGraceMs: 1000, now: null }),
+        claim(toExecutor(db.pool), { owner: `c${k}`, limit: 10, maxTimeoutMs: 60_000, queues: null, leaseGraceMs: 1000, leaseMs: 30_000, now: null }),
       ),
     );
     await holder.query('ROLLBACK');
@@ -91,7 +91,7 @@ describe('claim', () => {
     const client = await db.pool.connect();
     try {
       await client.query('BEGIN');
-      const plan = (await client.query(`EXPLAIN ${CLAIM_SQL}`, [null, 60_000, null, 10, 'explain', 1000])).rows
+      const plan = (await client.query(`EXPLAIN ${CLAIM_SQL}`, [null, 60_000, null, 10, 'explain', 1000, 30_000])).rows
         .map((r) => r['QUERY PLAN'])
         .join('\n');
       await client.query('ROLLBACK');

@@ -181,3 +181,44 @@ describe('the time budget', () => {
     expect(await tick(db.pool, { tasks: [t], signal: controller.signal })).toMatchObject({ claimed: 0, stoppedBy: 'signal' });
   });
 });
+
+describe('heartbeats', () => {
+  it('keeps a slow task alive past its short lease while its pass runs; a dead pass’s task is recovered within one lease', async () => {
+    await clear();
+    let beats = 0;
+    const slow = defineTask({
+      name: 'slow-heart',
+      input: z.object({}),
+      timeoutMs: 60_000,
+      run: async (_i, ctx) => {
+        for (let i = 0; i < 6; i++) {
+          await new Promise((r) => setTimeout(r, 100));
+          if (await ctx.heartbeat()) beats++;
+        }
+        return 'alive';
+      },
+    });
+    const { id } = await enqueue(db.pool, slow, {});
+    // Leases of 200 ms + 100 ms grace, beaten every 50 ms: far shorter than the task.
+    const pass = tick(db.pool, { tasks: [slow], budgetMs: 120_000, leaseMs: 200, leaseGraceMs: 100, leaseCheckMs: 50 });
+    let recoveredWhileAlive = 0;
+    for (let i = 0; i < 8; i++) {
+      await new Promise((r) => setTimeout(r, 80));
+      recoveredWhileAlive += (await recover(db.pool)).rows.length;
+    }
+    expect(await pass).toMatchObject({ succeeded: 1, lostLeases: 0 });
+    expect(recoveredWhileAlive).toBe(0);
+    expect(beats).toBe(6);
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'succeeded', attempts: 1 });
+
+    // A pass that dies leaves a lease of leaseMs + grace, not of the task's 60 s timeout.
+    const { id: orphan } = await enqueue(db.pool, slow, {});
+    const { claim } = await import('../src/claim.js');
+    const { toExecutor } = await import('../src/executor.js');
+    const t1 = new Date(Date.now() + 60_000);
+    const later = (ms: number) => new Date(t1.getTime() + ms);
+    expect(await claim(toExecutor(db.pool), { owner: 'dead', limit: 1, maxTimeoutMs: 120_000, queues: null, leaseGraceMs: 100, leaseMs: 200, now: t1 })).toHaveLength(1);
+    expect((await recover(db.pool, { now: later(250) })).rows).toHaveLength(0);
+    expect((await recover(db.pool, { now: later(301) })).rows.map((r) => r.id)).toEqual([orphan]);
+  });
+});

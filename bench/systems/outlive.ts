@@ -204,7 +204,7 @@ export async function claimTime(url: string, s: ClaimTimeSettings): Promise<Clai
     await pool.query('VACUUM ANALYZE outlive.tasks');
     const fillMs = performance.now() - fillStarted;
 
-    const params = (owner: string) => [null, 30_000, null, s.limit, owner, 5_000];
+    const params = (owner: string) => [null, 30_000, null, s.limit, owner, 5_000, 30_000];
     const client = await pool.connect();
     let plan = '';
     try {
