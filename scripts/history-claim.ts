@@ -11,6 +11,7 @@ import pg from 'pg';
 import { applyRetention, migrate } from '../src/index.js';
 import { claim, CLAIM_SQL } from '../src/claim.js';
 import { toExecutor } from '../src/executor.js';
+import { scratchDatabase } from './local/scratch-db.js';
 
 function percentile(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!;
@@ -51,16 +52,9 @@ async function timeClaims(pool: pg.Pool, n: number): Promise<string> {
 }
 
 async function main(): Promise<void> {
-  const base = process.env.DATABASE_URL;
-  if (!base) throw new Error('set DATABASE_URL to a Postgres server to measure on');
   const total = Number(process.argv[2] ?? 1_000_000);
-  const name = `outlive_history_${process.pid}`;
-  const admin = new pg.Client({ connectionString: base });
-  await admin.connect();
-  await admin.query(`CREATE DATABASE ${name}`);
-  const u = new URL(base);
-  u.pathname = `/${name}`;
-  const url = u.toString();
+  const scratch = await scratchDatabase('outlive_history');
+  const url = scratch.url;
   const pool = new pg.Pool({ connectionString: url, max: 2 });
   try {
     await migrate(url);
@@ -101,8 +95,7 @@ async function main(): Promise<void> {
     console.log(`claim, after retention:      ${await timeClaims(pool, 200)}`);
   } finally {
     await pool.end();
-    await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-    await admin.end();
+    await scratch.drop();
   }
 }
 

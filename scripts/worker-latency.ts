@@ -14,6 +14,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import pg from 'pg';
 import { z } from 'zod';
 import { defineTask, enqueue, migrate } from '../src/index.js';
+import { scratchDatabase } from './local/scratch-db.js';
 
 /** Returns the wall-clock moment (ms since the epoch, sub-ms) its handler started. */
 export const probe = defineTask({
@@ -31,17 +32,10 @@ function percentile(sorted: number[], p: number): number {
 }
 
 async function main(): Promise<void> {
-  const base = process.env.DATABASE_URL;
-  if (!base) throw new Error('set DATABASE_URL to a Postgres server to measure on');
   const count = Number(process.argv[2] ?? 200);
   const warmup = 20;
-  const name = `outlive_latency_${process.pid}`;
-  const admin = new pg.Client({ connectionString: base });
-  await admin.connect();
-  await admin.query(`CREATE DATABASE ${name}`);
-  const u = new URL(base);
-  u.pathname = `/${name}`;
-  const url = u.toString();
+  const scratch = await scratchDatabase('outlive_latency');
+  const url = scratch.url;
   const pool = new pg.Pool({ connectionString: url, max: 2 });
   const root = fileURLToPath(new URL('..', import.meta.url));
   let child: ReturnType<typeof spawn> | undefined;
@@ -104,8 +98,7 @@ async function main(): Promise<void> {
       await exited;
     }
     await pool.end();
-    await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-    await admin.end();
+    await scratch.drop();
   }
 }
 
