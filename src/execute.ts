@@ -95,44 +95,79 @@ function serialiseOutput(value: unknown): string | null {
   return json;
 }
 
+/** Extends one attempt's lease; resolves false when the row is no longer the pass's. */
+export type Heartbeat = (claimed: ClaimedTask, attempt: AttemptAbort) => Promise<boolean>;
+
 /**
  * Runs one claimed task. `attempt` (aborted by the pass) and the task's own
  * timeout both fire the handler's signal. Resolves with the outcome; it
  * never rejects.
+ *
+ * A handler that returns without awaiting (a no-op, a pure computation) is
+ * settled straight from its return value: no timer, no race, no promise of
+ * ours. Measured in a CPU profile of a pass draining 100,000 no-op tasks,
+ * the per-task timer, race and context closures were a third of the
+ * process's own time and most of its garbage.
  */
 export async function execute(
   task: AnyTask | undefined,
   claimed: ClaimedTask,
-  extra: { attempt?: AttemptAbort; db?: Executor; heartbeat?: () => Promise<boolean> } = {},
+  extra: { attempt?: AttemptAbort; db?: Executor; heartbeat?: Heartbeat } = {},
 ): Promise<Outcome> {
   if (!task) {
     return failure(undefined, claimed, new NonRetriableError(
       `unknown task "${claimed.name}": no task with this name was given to the pass that claimed it`,
     ));
   }
-  const parsed = await task.input.safeParseAsync(claimed.input);
+  const parsed = parseSync(task, claimed.input) ?? (await task.input.safeParseAsync(claimed.input));
   if (!parsed.success) {
     const issues = parsed.error.issues.map((i: { path: PropertyKey[]; message: string }) => `${i.path.map(String).join('.') || '(input)'}: ${i.message}`);
     return failure(task, claimed, new NonRetriableError(`stored input does not match the schema of "${task.name}": ${issues.join('; ')}`));
   }
 
   const abort = extra.attempt ?? new AttemptAbort();
-  const aborted = abort.race();
-  const timer = setTimeout(() => abort.abort(new TaskTimeoutError(claimed.timeout_ms)), claimed.timeout_ms);
-  const spawns: PreparedStep[] = [];
-  const ctx = runContext(claimed, abort, spawns, extra.db, extra.heartbeat);
+  const started = performance.now();
+  const ctx = new RunContext(claimed, abort, extra.db, extra.heartbeat);
+  let timer: ReturnType<typeof setTimeout> | undefined;
   try {
-    // A handler that ignores its signal is abandoned here at its timeout:
-    // the race settles the task, and whatever it returns later is dropped.
-    const value = await Promise.race([Promise.resolve().then(() => task.run(parsed.data, ctx)), aborted]);
+    if (abort.aborted) throw abort.reason;
+    let value = task.run(parsed.data, ctx);
+    if (isThenable(value)) {
+      // A handler that ignores its signal is abandoned here at its timeout:
+      // the race settles the task, and whatever it returns later is dropped.
+      const left = Math.max(0, claimed.timeout_ms - (performance.now() - started));
+      timer = setTimeout(() => abort.abort(new TaskTimeoutError(claimed.timeout_ms)), left);
+      value = await Promise.race([value, abort.race()]);
+    }
     const output = serialiseOutput(value);
-    if (spawns.length > 0) checkSpawns(claimed, spawns);
-    return { id: claimed.id, runId: claimed.run_id, state: 'succeeded', output, ...(spawns.length ? { spawns } : {}) };
+    const spawns = ctx.spawns;
+    if (spawns) {
+      checkSpawns(claimed, spawns);
+      return { id: claimed.id, runId: claimed.run_id, state: 'succeeded', output, spawns };
+    }
+    return { id: claimed.id, runId: claimed.run_id, state: 'succeeded', output };
   } catch (thrown) {
     if (abort.reason instanceof HandBackError) return { id: claimed.id, runId: claimed.run_id, state: 'released' };
     return failure(task, claimed, thrown);
   } finally {
-    clearTimeout(timer);
+    if (timer !== undefined) clearTimeout(timer);
+  }
+}
+
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return value !== null && (typeof value === 'object' || typeof value === 'function') && typeof (value as { then?: unknown }).then === 'function';
+}
+
+/**
+ * Parses a stored input without a promise when the schema allows it; null
+ * when the schema has asynchronous parts (zod then refuses to parse
+ * synchronously), for the caller to parse asynchronously.
+ */
+function parseSync(task: AnyTask, input: unknown): ReturnType<AnyTask['input']['safeParse']> | null {
+  try {
+    return task.input.safeParse(input);
+  } catch {
+    return null;
   }
 }
 
@@ -202,50 +237,95 @@ const DEPENDENCY_OUTPUTS_SQL = `
 SELECT p.step, p.output FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
 WHERE d.task_id = $1 AND p.state = 'succeeded'`;
 
-function runContext(
-  claimed: ClaimedTask,
-  abort: AttemptAbort,
-  spawns: PreparedStep[],
-  db: Executor | undefined,
-  heartbeat: (() => Promise<boolean>) | undefined,
-): TaskContext {
-  const where = `task ${claimed.id} ("${claimed.name}")`;
-  const spawned = new Set<string>();
-  const needRun = (what: string) => {
-    if (!claimed.run_id) throw new InvalidGraphError(`outlive: ${where}: ${what} needs a task that belongs to a run`);
-    if (!db) throw new Error(`outlive: ${where}: ${what} needs the database of the pass`);
-    return { runId: claimed.run_id, db };
-  };
-  return {
-    taskId: claimed.id,
-    attempt: claimed.attempts,
-    maxAttempts: claimed.max_attempts,
-    queue: claimed.queue,
-    runId: claimed.run_id,
-    get signal() {
-      return abort.signal;
-    },
-    heartbeat: heartbeat ?? (async () => !abort.aborted),
-    spawn(name: string, spec: Step) {
-      needRun('spawn');
-      if (spawns.length >= MAX_STEPS_PER_WRITE) {
-        throw new InvalidGraphError(`outlive: ${where}: a task may spawn at most ${MAX_STEPS_PER_WRITE} steps`);
-      }
-      const prepared = prepareStep(`${where} spawning`, name, spec);
-      if (spawned.has(prepared.step)) throw new InvalidGraphError(`outlive: ${where}: spawned step "${name}" twice`);
-      spawned.add(prepared.step);
-      spawns.push(prepared);
-    },
-    async output(stepName: string) {
-      const { runId, db: exec } = needRun('output');
-      const rows = await exec.query<{ output: unknown }>(OUTPUT_OF_SQL, [runId, stepName]);
-      if (rows.length === 0) throw new InvalidGraphError(`outlive: ${where}: step "${stepName}" has not succeeded in run ${runId}`);
-      return rows[0]!.output ?? undefined;
-    },
-    async outputs() {
-      const { db: exec } = needRun('outputs');
-      const rows = await exec.query<{ step: string; output: unknown }>(DEPENDENCY_OUTPUTS_SQL, [claimed.id]);
-      return Object.fromEntries(rows.map((r) => [r.step, r.output ?? undefined]));
-    },
-  } as TaskContext;
+/**
+ * What a handler sees of its attempt. A class, not an object of closures:
+ * one allocation per task, and the rest (the signal, the spawn list, the
+ * name used in errors) made only when a handler asks. Its methods are
+ * getters handing out functions bound once, on first use, so a handler may
+ * destructure them (`async (input, { spawn, signal }) => ...`).
+ */
+class RunContext implements TaskContext {
+  readonly taskId: string;
+  readonly attempt: number;
+  readonly maxAttempts: number;
+  readonly queue: string;
+  readonly runId: string | null;
+  /** What this attempt spawned, once it spawned something. */
+  spawns: PreparedStep[] | undefined = undefined;
+  private spawned: Set<string> | undefined = undefined;
+
+  constructor(
+    private readonly claimed: ClaimedTask,
+    private readonly abort: AttemptAbort,
+    private readonly db: Executor | undefined,
+    private readonly beat: Heartbeat | undefined,
+  ) {
+    this.taskId = claimed.id;
+    this.attempt = claimed.attempts;
+    this.maxAttempts = claimed.max_attempts;
+    this.queue = claimed.queue;
+    this.runId = claimed.run_id;
+  }
+
+  get signal(): AbortSignal {
+    return this.abort.signal;
+  }
+
+  private bound: Partial<Pick<TaskContext, 'heartbeat' | 'spawn' | 'output' | 'outputs'>> | undefined = undefined;
+
+  get heartbeat(): TaskContext['heartbeat'] {
+    return ((this.bound ??= {}).heartbeat ??= this.beatNow.bind(this));
+  }
+
+  get spawn(): TaskContext['spawn'] {
+    return ((this.bound ??= {}).spawn ??= this.addStep.bind(this));
+  }
+
+  get output(): TaskContext['output'] {
+    return ((this.bound ??= {}).output ??= this.outputOf.bind(this) as TaskContext['output']);
+  }
+
+  get outputs(): TaskContext['outputs'] {
+    return ((this.bound ??= {}).outputs ??= this.dependencyOutputs.bind(this));
+  }
+
+  private beatNow(): Promise<boolean> {
+    return this.beat ? this.beat(this.claimed, this.abort) : Promise.resolve(!this.abort.aborted);
+  }
+
+  private addStep(name: string, spec: Step): void {
+    this.needRun('spawn');
+    const spawns = (this.spawns ??= []);
+    const spawned = (this.spawned ??= new Set());
+    if (spawns.length >= MAX_STEPS_PER_WRITE) {
+      throw new InvalidGraphError(`outlive: ${this.where}: a task may spawn at most ${MAX_STEPS_PER_WRITE} steps`);
+    }
+    const prepared = prepareStep(`${this.where} spawning`, name, spec);
+    if (spawned.has(prepared.step)) throw new InvalidGraphError(`outlive: ${this.where}: spawned step "${name}" twice`);
+    spawned.add(prepared.step);
+    spawns.push(prepared);
+  }
+
+  private async outputOf(stepName: string): Promise<unknown> {
+    const { runId, db } = this.needRun('output');
+    const rows = await db.query<{ output: unknown }>(OUTPUT_OF_SQL, [runId, stepName]);
+    if (rows.length === 0) throw new InvalidGraphError(`outlive: ${this.where}: step "${stepName}" has not succeeded in run ${runId}`);
+    return rows[0]!.output ?? undefined;
+  }
+
+  private async dependencyOutputs(): Promise<Record<string, unknown>> {
+    const { db } = this.needRun('outputs');
+    const rows = await db.query<{ step: string; output: unknown }>(DEPENDENCY_OUTPUTS_SQL, [this.claimed.id]);
+    return Object.fromEntries(rows.map((r) => [r.step, r.output ?? undefined]));
+  }
+
+  private get where(): string {
+    return `task ${this.claimed.id} ("${this.claimed.name}")`;
+  }
+
+  private needRun(what: string): { runId: string; db: Executor } {
+    if (!this.claimed.run_id) throw new InvalidGraphError(`outlive: ${this.where}: ${what} needs a task that belongs to a run`);
+    if (!this.db) throw new Error(`outlive: ${this.where}: ${what} needs the database of the pass`);
+    return { runId: this.claimed.run_id, db: this.db };
+  }
 }

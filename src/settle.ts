@@ -40,6 +40,23 @@ FROM unnest($2::bigint[], $3::text[], $4::jsonb[], $5::timestamptz[], $6::float8
 WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $8
 RETURNING t.id::text, s.state AS state, t.run_id::text, t.step`;
 
+// The common case, a batch of successes, in a statement of its own: two
+// arrays instead of six, and no CASE per column. Measured on claim and
+// settle of 100,000 plain tasks in batches of 250 (2 cores, PostgreSQL 15):
+// Postgres CPU 35-37 ms per 1,000 tasks with SETTLE_SQL for the successes,
+// 29-33 ms with this.
+export const SUCCEED_SQL = `
+UPDATE outlive.tasks t
+SET state = 'succeeded',
+    output = s.output,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = coalesce($1::timestamptz, now()),
+    updated_at = coalesce($1::timestamptz, now())
+FROM unnest($2::bigint[], $3::jsonb[]) AS s(id, output)
+WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $4
+RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
+
 // Settles of run tasks that neither failed for good nor spawned anything
 // (most of a run's settles) in one statement: the settle, the release of
 // dependents and the runs' counts, where the general path takes a
@@ -48,8 +65,8 @@ RETURNING t.id::text, s.state AS state, t.run_id::text, t.step`;
 // Measured on a 10,000-page fan-out in one pass (2 cores, PostgreSQL 15,
 // a machine shared with other work): 567 tasks/s with the transaction per
 // batch, 1,287 tasks/s this way.
-export const SETTLE_RUN_TASKS_SQL = `
-WITH settled AS (${SETTLE_SQL}),
+const withRunEffects = (settleSql: string) => `
+WITH settled AS (${settleSql}),
 released AS (
   UPDATE outlive.tasks d
   SET waiting_on = d.waiting_on - c.n, updated_at = coalesce($1::timestamptz, now())
@@ -75,22 +92,52 @@ SELECT s.*, (SELECT count(pg_notify('outlive', q.queue)) FROM (SELECT DISTINCT q
        (SELECT count(*) FROM finished) AS runs
 FROM settled s`;
 
-function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], now: Date | null, sql = SETTLE_SQL, name = 'outlive_settle'): Promise<SettledRow[]> {
-  const ids: string[] = [];
+export const SETTLE_RUN_TASKS_SQL = withRunEffects(SETTLE_SQL);
+const SUCCEED_RUN_TASKS_SQL = withRunEffects(SUCCEED_SQL);
+
+/** The statements of one settle: the general one, and the one for a batch of successes. */
+interface SettleStatements {
+  any: { text: string; name: string };
+  succeeded: { text: string; name: string };
+}
+
+const PLAIN: SettleStatements = {
+  any: { text: SETTLE_SQL, name: 'outlive_settle' },
+  succeeded: { text: SUCCEED_SQL, name: 'outlive_succeed' },
+};
+const RUN_TASKS: SettleStatements = {
+  any: { text: SETTLE_RUN_TASKS_SQL, name: 'outlive_settle_runs' },
+  succeeded: { text: SUCCEED_RUN_TASKS_SQL, name: 'outlive_succeed_runs' },
+};
+
+function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], now: Date | null, statements = PLAIN): Promise<SettledRow[]> {
+  const ids: string[] = new Array(outcomes.length);
+  if (outcomes.every((o) => o.state === 'succeeded')) {
+    const outputs: (string | null)[] = new Array(outcomes.length);
+    for (let i = 0; i < outcomes.length; i++) {
+      const o = outcomes[i] as Extract<Outcome, { state: 'succeeded' }>;
+      ids[i] = o.id;
+      outputs[i] = o.output;
+    }
+    const { text, name } = statements.succeeded;
+    return db.query<SettledRow>(text, [now, ids, outputs, owner], name);
+  }
   const states: string[] = [];
   const outputs: (string | null)[] = [];
   const retryAts: (Date | null)[] = [];
   const delays: number[] = [];
   const errors: (string | null)[] = [];
-  for (const o of outcomes) {
-    ids.push(o.id);
+  for (let i = 0; i < outcomes.length; i++) {
+    const o = outcomes[i]!;
+    ids[i] = o.id;
     states.push(o.state);
     outputs.push(o.state === 'succeeded' ? o.output : null);
     retryAts.push(o.state === 'pending' ? o.retryAt : null);
     delays.push(o.state === 'pending' ? o.delayMs : 0);
     errors.push(o.state === 'pending' || o.state === 'failed' ? JSON.stringify(o.error) : null);
   }
-  return db.query<SettledRow>(sql, [now, ids, states, outputs, retryAts, delays, errors, owner], name);
+  const { text, name } = statements.any;
+  return db.query<SettledRow>(text, [now, ids, states, outputs, retryAts, delays, errors, owner], name);
 }
 
 /** Settles and applies run knock-ons in one transaction. */
@@ -156,7 +203,7 @@ async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Out
   if (outcomes.every((o) => o.runId === null)) return settleRows(toExecutor(pool), owner, outcomes, now);
   if (outcomes.every((o) => o.state !== 'failed' && !(o.state === 'succeeded' && o.spawns?.length))) {
     try {
-      return strip(await settleRows(toExecutor(pool), owner, outcomes, now, SETTLE_RUN_TASKS_SQL, 'outlive_settle_runs'));
+      return strip(await settleRows(toExecutor(pool), owner, outcomes, now, RUN_TASKS));
     } catch {
       // A deadlock between settles of one run, say: the transaction below.
     }

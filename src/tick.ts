@@ -9,7 +9,7 @@
  */
 import { claim, type ClaimedTask } from './claim.js';
 import { ConfigError, OutliveError, toError } from './errors.js';
-import { AttemptAbort, execute, HandBackError, type Outcome } from './execute.js';
+import { AttemptAbort, execute, HandBackError, type Heartbeat, type Outcome } from './execute.js';
 import { toExecutor, toPool, type Database } from './executor.js';
 import { recover } from './recover.js';
 import { settle } from './settle.js';
@@ -255,6 +255,13 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   };
   options.abort?.addEventListener('abort', handBackAll, { once: true });
 
+  // ctx.heartbeat() of any task of this pass.
+  const heartbeat: Heartbeat = async (row, abort) => {
+    const lost = await exec.query<{ id: string }>(HEARTBEAT_SQL, [[row.id], owner, now, leaseMs, leaseGraceMs]);
+    if (lost.length > 0) abort.abort(new LeaseLostError(row.id));
+    return lost.length === 0;
+  };
+
   const start = (row: ClaimedTask) => {
     running++;
     unsettled++;
@@ -262,11 +269,6 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     if (options.abort?.aborted) abort.abort(new HandBackError());
     const since = performance.now();
     active.set(row.id, { abort, since });
-    const heartbeat = async () => {
-      const lost = await exec.query<{ id: string }>(HEARTBEAT_SQL, [[row.id], owner, now, leaseMs, leaseGraceMs]);
-      if (lost.length > 0) abort.abort(new LeaseLostError(row.id));
-      return lost.length === 0;
-    };
     void execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat }).then((outcome) => {
       const took = performance.now() - since;
       avgHandlerMs = avgHandlerMs === null ? took : avgHandlerMs * 0.8 + took * 0.2;
