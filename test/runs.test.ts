@@ -347,3 +347,42 @@ describe('startRun inside a transaction', () => {
     expect(await db.rows('SELECT 1 FROM outlive.runs')).toHaveLength(0);
   });
 });
+
+describe('the context a handler gets', () => {
+  it('may be destructured: spawn, output, outputs, heartbeat and signal work unbound', async () => {
+    await clear();
+    const leaf = defineTask({
+      name: 'ctx-leaf',
+      input: z.object({ n: z.number() }),
+      run: ({ n }, { heartbeat, signal }) => heartbeat().then((held) => ({ n, held, aborted: signal.aborted })),
+    });
+    const join = defineTask({
+      name: 'ctx-join',
+      input: z.object({}),
+      run: async (_input, { output, outputs }) => ({ one: await output('leaf:1'), all: await outputs() }),
+    });
+    const root = defineTask({
+      name: 'ctx-root',
+      input: z.object({}),
+      // Synchronous: returns without awaiting, so it settles from its value.
+      run: (_input, { spawn, taskId, attempt }) => {
+        spawn('leaf:1', step(leaf, { n: 1 }));
+        spawn('leaf:2', step(leaf, { n: 2 }));
+        spawn('join', step(join, {}, { after: ['leaf:1', 'leaf:2'] }));
+        return { taskId, attempt };
+      },
+    });
+    const run = await startRun(db.pool, 'ctx', { root: step(root, {}) });
+    await drain([root, leaf, join]);
+    expect(await runRow(run.id)).toMatchObject({ state: 'succeeded', unfinished: 0 });
+    const rows = await db.rows<{ step: string; output: unknown }>(
+      `SELECT step, output FROM outlive.tasks WHERE run_id = $1 ORDER BY step`, [run.id]);
+    const leafOut = (n: number) => ({ n, held: true, aborted: false });
+    expect(rows).toEqual([
+      { step: 'join', output: { one: leafOut(1), all: { 'leaf:1': leafOut(1), 'leaf:2': leafOut(2) } } },
+      { step: 'leaf:1', output: leafOut(1) },
+      { step: 'leaf:2', output: leafOut(2) },
+      { step: 'root', output: { taskId: run.tasks.root, attempt: 1 } },
+    ]);
+  });
+});
