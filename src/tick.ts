@@ -29,7 +29,7 @@ export interface TickOptions {
    * The pass prefetches only as many as its handlers' measured speed can
    * start within a quarter of the lease grace; a prefetched task that still
    * waited longer than half the grace, or whose timeout no longer fits in the
-   * budget, is handed back unstarted. Default 500; 0 claims only for free slots.
+   * budget, is handed back unstarted. Default 1,000; 0 claims only for free slots.
    */
   prefetch?: number;
   /** Claim only from these queues. Default: all. */
@@ -149,7 +149,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   const maxTasks = options.maxTasks === undefined ? Infinity : positiveInt('maxTasks', options.maxTasks, 1);
   const leaseGraceMs = options.leaseGraceMs ?? 5_000;
   const leaseMs = positiveInt('leaseMs', options.leaseMs, 30_000);
-  const prefetch = options.prefetch ?? 500;
+  const prefetch = options.prefetch ?? 1000;
   if (!Number.isInteger(prefetch) || prefetch < 0) throw new ConfigError(`outlive: tick option prefetch must be a whole number >= 0, got ${String(options.prefetch)}`);
   const reserveMs = options.reserveMs ?? 250;
   const queues = options.queues ? options.queues.map((q) => checkName('queue', q)) : null;
@@ -299,6 +299,11 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     // in 7.8 s, of 25 in 4.4 s, of 50 in 3.2 s; 20,000 tasks ran at 6.5-12k
     // tasks/s with claims of 55 (prefetch 100) and 6.2-19.7k with claims of
     // 245 (prefetch 500). Every claim and every settle is a commit.
+    // With prefetch 1,000 and claims only once half the room is free (below),
+    // claims average ~500 rows and settles ~400: 100,000 no-op tasks drained
+    // at 34-37k tasks/s with Postgres CPU 29-33 ms per 1,000 tasks, against
+    // 27k and 42 ms with prefetch 500 and a claim whenever 5 slots were free
+    // (bench drain-1, 3 rounds each).
     return Math.max(0, Math.min(prefetch, Math.floor((concurrency * staleAfterMs) / 2 / Math.max(1, avgHandlerMs))));
   };
   const fill = () => {
@@ -320,8 +325,12 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       const r = await recover(pool, { now });
       report.recovered = r.rows.length;
     }
-    // Claim in batches of at least half the slots, so a busy pass does not
-    // pay one claim round trip per finished task.
+    // Claim in batches of at least half the slots and half the room (slots
+    // plus prefetch), so a busy pass does not pay one claim per finished
+    // task: the cost of a claim or settle is mostly per statement up to a
+    // few hundred rows (measured on claim and settle of 100,000 tasks in
+    // one connection: Postgres CPU 50 ms per 1,000 tasks in batches of 50,
+    // 36 in batches of 250, 33 in batches of 500).
     const minBatch = Math.max(1, Math.floor(concurrency / 2));
 
     for (;;) {
@@ -345,7 +354,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       if (dry && !settledRunTask && running === 0 && unsettled === 0 && buffer.length === 0) break;
       const capacity = concurrency + bufferLimit();
       const room = Math.min(capacity - running - buffer.length, maxTasks - report.claimed - buffer.length);
-      if (room > 0 && (room >= minBatch || (running === 0 && buffer.length === 0))) {
+      if (room > 0 && (room >= Math.max(minBatch, capacity >> 1) || (running === 0 && buffer.length === 0))) {
         settledRunTask = false;
         const rows = await claim(exec, {
           owner,
