@@ -210,6 +210,7 @@ export function createWorker(options: WorkerOptions): Worker {
   let pollTimer: ReturnType<typeof setTimeout> | undefined;
   let clockTimer: ReturnType<typeof setTimeout> | undefined;
   let passing: Promise<void> | null = null;
+  const wakeups = new EventTarget();
   let again = false;
   let lastRecover = -Infinity;
   let clocking: Promise<void> | null = null;
@@ -236,6 +237,9 @@ export function createWorker(options: WorkerOptions): Worker {
     // one more pass after it. A burst of 10,000 enqueues makes a few passes
     // (the running one claims most of them), not 10,000 claim queries.
     if (passing) {
+      // The running pass claims what it can now (it may be holding a long
+      // task with slots free); one more pass after it catches the rest.
+      wakeups.dispatchEvent(new Event('wake'));
       again = true;
       return;
     }
@@ -260,7 +264,7 @@ export function createWorker(options: WorkerOptions): Worker {
       const recover = performance.now() - lastRecover >= pollIntervalMs;
       if (recover) lastRecover = performance.now();
       try {
-        report = await tick(pool!, { tasks: registry, concurrency, queues, budgetMs, owner, recover, signal: draining.signal, abort: abort.signal });
+        report = await tick(pool!, { tasks: registry, concurrency, queues, budgetMs, owner, recover, wakeups, signal: draining.signal, abort: abort.signal });
       } catch (err) {
         stats.errors++;
         log.error(`outlive worker: pass failed: ${toError(err).message}; next try in ${pollIntervalMs} ms`);

@@ -236,7 +236,7 @@ describe('the worker in this process (createWorker)', () => {
     expect(worker.state).toBe('stopped');
   });
 
-  it('coalesces a burst of wake-ups: 1,000 enqueues in 1,000 transactions make a few passes', async () => {
+  it('coalesces a burst of wake-ups: 1,000 enqueues in 1,000 transactions make a few passes, and run beside a long task', async () => {
     const own = await freshDb();
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));
@@ -245,6 +245,8 @@ describe('the worker in this process (createWorker)', () => {
     const hold = defineTask({
       name: 'hold',
       input: z.object({}),
+      // Longer than the test: only the release below ends it.
+      timeoutMs: 120_000,
       run: () => {
         holding = true;
         return gate;
@@ -270,17 +272,21 @@ describe('the worker in this process (createWorker)', () => {
     workers.push(worker);
     await worker.start();
     await until(async () => passes.length >= 1); // the pass at start, with nothing to do
-    await enqueueCommitted(hold, {}, own);
+    const holdId = await enqueueCommitted(hold, {}, own);
     // The pass holding the gate task is busy: every enqueue below notifies it.
     await until(async () => holding);
     // Ten at a time, each in its own transaction, so each commit notifies.
     for (let i = 0; i < 1000; i += 10) {
       await Promise.all(Array.from({ length: 10 }, (_, j) => enqueueCommitted(count, { i: i + j }, own)));
     }
-    await until(async () => worker.stats.notifications >= 1001);
+    // The pass holding the gate task has 19 slots free: the notifications
+    // wake it, and it runs the burst while the gate task still holds its slot.
+    await until(async () => ran === 1000);
+    expect(await own.rows(`SELECT state::text FROM outlive.tasks WHERE id = $1`, [holdId])).toEqual([{ state: 'running' }]);
+    expect(passes.length).toBe(1);
     release();
-    await until(async () => ran === 1000 && passes.length >= 3);
-    // The start pass, the pass that ran the gate and then drained the burst,
+    await until(async () => passes.length >= 3);
+    // The start pass, the pass that ran the gate and the burst beside it,
     // and one more asked for by the notifications that came during it.
     expect(passes.length).toBe(3);
     expect(passes.map((p) => p.claimed)).toEqual([0, 1001, 0]);

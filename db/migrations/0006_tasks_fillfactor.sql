@@ -1,0 +1,12 @@
+-- Leave half of every page of outlive.tasks free when rows are inserted, so
+-- the claim's and the settle's new row versions land on the row's own page
+-- (Postgres prunes the dead version in between) instead of extending the
+-- table: fewer pages touched and written per task, less WAL. Measured on
+-- claim and settle of 100,000 tasks in batches of 500 (2 cores, PostgreSQL
+-- 15), three paired runs: WAL 1,069 bytes per task at the default 100, 978
+-- at 70, 907 at 50; Postgres CPU 29.6-34.0 ms per 1,000 tasks at 100,
+-- 27.7-28.7 at 50. The price is space: finished rows kept as history fill
+-- pages only to about half. An operator who keeps much history and runs
+-- few tasks can trade back with ALTER TABLE outlive.tasks SET (fillfactor = 100).
+-- Applies to pages written from now on; existing pages keep their layout.
+ALTER TABLE "outlive"."tasks" SET (fillfactor = 50);
