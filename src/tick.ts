@@ -199,11 +199,14 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
 
   let running = 0;
   let unsettled = 0;
-  // The last claim came back short (the queue was dry then), and nothing has
-  // happened since that could have made work ready: a settle of a run's task
-  // (it may have released dependents) or of a retry, or a wake-up.
-  let dry = false;
-  let settledRunTask = false;
+  // Counts what may have made work ready: a settle of a run's task (it may
+  // have released dependents) or of a retry, and wake-ups. The queue is dry
+  // while nothing has happened since a claim that began at that count came
+  // back short; counting, not a flag, so that what happens while a claim is
+  // in flight (a settle committing, a NOTIFY) is not lost when it returns.
+  let readyCount = 0;
+  let dryAt = -1;
+  const dry = () => dryAt === readyCount;
   const queue: Outcome[] = [];
   let flushing: Promise<void> | null = null;
 
@@ -217,7 +220,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         try {
           const rows = await settle(pool, owner, batch, now);
           for (const r of rows) {
-            if ((r.run_id && r.state !== 'released') || r.state === 'pending') settledRunTask = true;
+            if ((r.run_id && r.state !== 'released') || r.state === 'pending') readyCount++;
             if (r.state === 'succeeded') report.succeeded++;
             else if (r.state === 'pending') report.retried++;
             else if (r.state === 'released') report.released++;
@@ -261,7 +264,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   const watcher = setInterval(() => void checkLeases(), leaseCheckMs);
 
   const onWake = () => {
-    dry = false;
+    readyCount++;
     progress();
   };
   options.wakeups?.addEventListener('wake', onWake);
@@ -368,7 +371,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       // Everything finished, and nothing can have become ready through us
       // since the queue came back dry: done, without one more claim to find
       // it empty (new enqueues wake the next pass through their NOTIFY or nudge).
-      if (dry && !settledRunTask && running === 0 && unsettled === 0 && buffer.length === 0) break;
+      if (dry() && running === 0 && unsettled === 0 && buffer.length === 0) break;
       const capacity = concurrency + bufferLimit();
       const room = Math.min(capacity - running - buffer.length, maxTasks - report.claimed - buffer.length);
       // After a short claim, a pass that can be woken (the worker's) waits
@@ -377,9 +380,9 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       // lone task (401 claims for 200 tasks in the bench's latency phase).
       // A pass that cannot be woken (a cron or webhook pass) asks again as
       // its tasks finish, to run what they enqueued.
-      const mayBeReady = !dry || settledRunTask || !options.wakeups;
+      const mayBeReady = !dry() || !options.wakeups;
       if (room > 0 && mayBeReady && (room >= Math.max(minBatch, capacity >> 1) || (running === 0 && buffer.length === 0))) {
-        settledRunTask = false;
+        const seen = readyCount;
         const rows = await claim(exec, {
           owner,
           limit: room,
@@ -390,14 +393,15 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
           now,
         });
         const at = performance.now();
-        dry = rows.length < room;
+        dryAt = rows.length < room ? seen : -1;
         for (const row of rows) buffer.push({ row, at });
         fill();
-        if (rows.length === 0 && running === 0 && unsettled === 0 && buffer.length === 0) break;
+        if (rows.length === 0 && running === 0 && unsettled === 0 && buffer.length === 0 && dry()) break;
         // A full batch means there may be more: claim again while there is
         // room. A short one means the queue ran dry for now: wait for a
-        // settle that may have made work ready, or a wake-up.
-        if (rows.length === room && running + buffer.length < capacity) continue;
+        // settle that may have made work ready, or a wake-up, unless one
+        // came while this claim was in flight.
+        if ((rows.length === room || !dry()) && running + buffer.length < capacity) continue;
       }
       await nextProgress();
     }
