@@ -12,7 +12,7 @@ import path from 'node:path';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import { migrate as drizzleMigrate } from 'drizzle-orm/node-postgres/migrator';
 import pg from 'pg';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it, onTestFinished } from 'vitest';
 import { z } from 'zod';
 import {
   cancelRun,
@@ -290,7 +290,8 @@ describe('schemas that are missing or old', () => {
     const u = new URL(db.url);
     u.pathname = `/${name}`;
     const pool = new pg.Pool({ connectionString: u.toString() });
-    afterAll(async () => {
+    // Called inside a test: an afterAll registered now would never run.
+    onTestFinished(async () => {
       await pool.end();
       const c = new pg.Client({ connectionString: admin() });
       await c.connect();

@@ -3,7 +3,7 @@
  * migrated template, and a pool on it.
  */
 import pg from 'pg';
-import { afterAll, inject } from 'vitest';
+import { afterAll, expect, inject, onTestFinished } from 'vitest';
 
 /** What a test needs: a pool on its own fresh database, and its URL. */
 export interface TestDb {
@@ -16,9 +16,9 @@ export interface TestDb {
 let counter = 0;
 
 /**
- * Creates a fresh migrated database for this test file; dropped after the file.
- * Call it at the top level of the file (`const db = await freshDb()`), so its
- * afterAll is registered.
+ * Creates a fresh migrated database: made at the top level of a file
+ * (`const db = await freshDb()`), it is dropped after the file; made inside a
+ * test, when that test ends.
  */
 export async function freshDb(): Promise<TestDb> {
   const adminUrl = inject('pgUrl');
@@ -35,13 +35,18 @@ export async function freshDb(): Promise<TestDb> {
   // DROP ... WITH (FORCE) below can reach one still closing; its FATAL
   // arrives as a pool 'error' event, which with no listener is thrown.
   pool.on('error', () => undefined);
-  afterAll(async () => {
+  const dropDb = async () => {
     await pool.end();
     const drop = new pg.Client({ connectionString: adminUrl });
     await drop.connect();
     await drop.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
     await drop.end();
-  });
+  };
+  // Made inside a test, it is dropped when that test ends (an afterAll
+  // registered while a test runs is never called: four databases were left
+  // behind by every run of worker.test.ts).
+  if (expect.getState().currentTestName !== undefined) onTestFinished(dropDb);
+  else afterAll(dropDb);
   return {
     pool,
     url,
