@@ -50,7 +50,9 @@ export interface ClaimRequest {
 // locking SELECT returns is the row's latest version; should a concurrent
 // update have replaced it after this statement's snapshot, the UPDATE cannot
 // see that version and leaves the row alone: it stays pending (its lock
-// ends with this statement) for the next claim, never claimed twice.
+// ends with this statement) for the next claim, never claimed twice. The
+// UPDATE checks the state again itself, so the claim is a compare-and-set
+// on its own terms, not only through the lock its CTE took.
 export const CLAIM_SQL = `
 WITH ready AS (
   SELECT ctid FROM outlive.tasks
@@ -70,7 +72,7 @@ SET state = 'running',
     started_at = coalesce($1::timestamptz, now()),
     updated_at = coalesce($1::timestamptz, now())
 FROM ready
-WHERE t.ctid = ready.ctid
+WHERE t.ctid = ready.ctid AND t.state = 'pending'
 RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.timeout_ms, t.run_id::text`;
 
 /** Claims up to `limit` ready tasks in one statement, marking them running under `owner`'s lease. */

@@ -396,12 +396,13 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         dryAt = rows.length < room ? seen : -1;
         for (const row of rows) buffer.push({ row, at });
         fill();
-        if (rows.length === 0 && running === 0 && unsettled === 0 && buffer.length === 0 && dry()) break;
         // A full batch means there may be more: claim again while there is
         // room. A short one means the queue ran dry for now: wait for a
         // settle that may have made work ready, or a wake-up, unless one
-        // came while this claim was in flight.
-        if ((rows.length === room || !dry()) && running + buffer.length < capacity) continue;
+        // came while this claim was in flight. With nothing left to wait
+        // for, the top of the loop decides whether the pass is done.
+        const idle = running === 0 && unsettled === 0 && buffer.length === 0;
+        if (idle || ((rows.length === room || !dry()) && running + buffer.length < capacity)) continue;
       }
       await nextProgress();
     }
