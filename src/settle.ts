@@ -93,7 +93,7 @@ SELECT s.*, (SELECT count(pg_notify('outlive', q.queue)) FROM (SELECT DISTINCT q
 FROM settled s`;
 
 export const SETTLE_RUN_TASKS_SQL = withRunEffects(SETTLE_SQL);
-const SUCCEED_RUN_TASKS_SQL = withRunEffects(SUCCEED_SQL);
+export const SUCCEED_RUN_TASKS_SQL = withRunEffects(SUCCEED_SQL);
 
 /** The statements of one settle: the general one, and the one for a batch of successes. */
 interface SettleStatements {
