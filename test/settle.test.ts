@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { defineTask, enqueue, NonRetriableError, RetryAfterError, tick } from '../src/index.js';
+import { defineTask, enqueue, NonRetriableError, RetryAfterError, startRun, step, tick, type Step } from '../src/index.js';
+import { SETTLE_RUN_TASKS_SQL, SETTLE_SQL, SUCCEED_RUN_TASKS_SQL, SUCCEED_SQL } from '../src/settle.js';
 import { freshDb } from './support/db.js';
 import { taskRow } from './support/tasks.js';
 
@@ -182,10 +183,8 @@ describe('settle plans', () => {
   // linear time.
   it('join the batch to its rows in linear time, even as generic plans', async () => {
     await clear();
-    const { SETTLE_SQL, SUCCEED_SQL, SETTLE_RUN_TASKS_SQL, SUCCEED_RUN_TASKS_SQL } = await import('../src/settle.js');
-    const { startRun, step } = await import('../src/index.js');
     const leaf = defineTask({ name: 'leaf', input: z.object({ i: z.number() }), run: () => null });
-    const steps: Record<string, ReturnType<typeof step>> = { root: step(leaf, { i: 0 }) };
+    const steps: Record<string, Step> = { root: step(leaf, { i: 0 }) };
     const leaves: string[] = [];
     for (let i = 1; i <= 3_000; i++) {
       leaves.push(`l${i}`);
@@ -202,10 +201,9 @@ describe('settle plans', () => {
     try {
       await client.query('SET plan_cache_mode = force_generic_plan');
       const statements = { SETTLE_SQL, SUCCEED_SQL, SETTLE_RUN_TASKS_SQL, SUCCEED_RUN_TASKS_SQL };
-      const args = {
-        SUCCEED_SQL: `NULL, '{1,2}', '{null,null}', 'mine'`,
-        SETTLE_SQL: `NULL, '{1,2}', '{succeeded,failed}', '{null,null}', '{null,null}', '{0,0}', '{null,null}', 'mine'`,
-      };
+      // Values for the parameters of the two shapes of settle (plain and run-task ones share them).
+      const succeedArgs = `NULL, '{1,2}', '{null,null}', 'mine'`;
+      const settleArgs = `NULL, '{1,2}', '{succeeded,failed}', '{null,null}', '{null,null}', '{0,0}', '{null,null}', 'mine'`;
       const quadratic: string[] = [];
       // Planned before the table's statistics catch up (autovacuum's analyze
       // runs behind a burst like this one), and after.
@@ -214,7 +212,7 @@ describe('settle plans', () => {
         for (const [name, sql] of Object.entries(statements)) {
           await client.query(`PREPARE generic_settle AS ${sql}`);
           const [{ 'QUERY PLAN': [plan] }] = (
-            await client.query(`EXPLAIN (FORMAT JSON) EXECUTE generic_settle(${name.startsWith('SUCCEED') ? args.SUCCEED_SQL : args.SETTLE_SQL})`)
+            await client.query(`EXPLAIN (FORMAT JSON) EXECUTE generic_settle(${name.startsWith('SUCCEED') ? succeedArgs : settleArgs})`)
           ).rows;
           await client.query('DEALLOCATE generic_settle');
           const walk = (node: Record<string, unknown>): void => {
