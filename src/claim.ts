@@ -44,18 +44,20 @@ export interface ClaimRequest {
 // tasks_claim_idx, a partial index of pending rows with no unfinished
 // dependencies, in the order of this ORDER BY.
 //
-// The UPDATE finds the locked rows by ctid (a TID scan) rather than by id
-// (a primary-key lookup per row): Postgres CPU of claims of 500 fell by
-// 0.7-1.3 ms per 1,000 tasks, in three of three paired runs. The ctid a
-// locking SELECT returns is the row's latest version; should a concurrent
-// update have replaced it after this statement's snapshot, the UPDATE cannot
-// see that version and leaves the row alone: it stays pending (its lock
-// ends with this statement) for the next claim, never claimed twice. The
-// UPDATE checks the state again itself, so the claim is a compare-and-set
-// on its own terms, not only through the lock its CTE took.
+// The UPDATE finds the locked rows by primary key. It found them by ctid (a
+// TID scan) for a while, measured then as 0.7-1.3 ms per 1,000 tasks
+// cheaper; measured again in claim-and-settle loops (bench/loop.ts, claims
+// of 500 among 100,000 rows, 2 cores, PostgreSQL 15, fillfactor 50), the
+// primary-key lookup was cheaper in every one of 10 paired runs: claims cost
+// 11.1-13.6 ms of Postgres CPU per 1,000 tasks against 13.8-17.7 on one
+// connection, 15.1-19.9 against 18.2-24.5 on two. Should a concurrent update
+// have replaced a row between this statement's snapshot and its lock, the
+// UPDATE follows it to the version the CTE locked and checks the state again
+// there, so the claim is a compare-and-set on its own terms, not only through
+// the lock its CTE took.
 export const CLAIM_SQL = `
 WITH ready AS (
-  SELECT ctid FROM outlive.tasks
+  SELECT id FROM outlive.tasks
   WHERE state = 'pending' AND waiting_on = 0
     AND run_at <= coalesce($1::timestamptz, now())
     AND timeout_ms <= $2
@@ -72,7 +74,7 @@ SET state = 'running',
     started_at = coalesce($1::timestamptz, now()),
     updated_at = coalesce($1::timestamptz, now())
 FROM ready
-WHERE t.ctid = ready.ctid AND t.state = 'pending'
+WHERE t.id = ready.id AND t.state = 'pending'
 RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.timeout_ms, t.run_id::text`;
 
 /** Claims up to `limit` ready tasks in one statement, marking them running under `owner`'s lease. */
