@@ -26,7 +26,13 @@ export interface ErrorEntry {
 
 /** What a settle writes for one task. */
 export type Outcome = { id: string; runId: string | null } & (
-  | { state: 'succeeded'; output: string | null; spawns?: PreparedStep[] }
+  | {
+      state: 'succeeded';
+      output: string | null;
+      spawns?: PreparedStep[];
+      /** Delete the row rather than keep it as history (a standalone task defined with keepSucceeded: false). */
+      drop?: true;
+    }
   | { state: 'pending'; retryAt: Date | null; delayMs: number; error: ErrorEntry }
   | { state: 'failed'; error: ErrorEntry }
   /** Handed back unfinished (the pass was shutting down): pending again at once, the attempt not counted. */
@@ -145,6 +151,7 @@ export async function execute(
       checkSpawns(claimed, spawns);
       return { id: claimed.id, runId: claimed.run_id, state: 'succeeded', output, spawns };
     }
+    if (!task.keepSucceeded && claimed.run_id === null) return { id: claimed.id, runId: null, state: 'succeeded', output, drop: true };
     return { id: claimed.id, runId: claimed.run_id, state: 'succeeded', output };
   } catch (thrown) {
     if (abort.reason instanceof HandBackError) return { id: claimed.id, runId: claimed.run_id, state: 'released' };

@@ -86,8 +86,8 @@ WITH ins AS (
        AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error)
   RETURNING id, step
 ), edges AS (
-  INSERT INTO outlive.task_deps (task_id, depends_on)
-  SELECT c.id, p.id FROM unnest($14::text[], $15::text[]) AS e(child, parent)
+  INSERT INTO outlive.task_deps (run_id, task_id, depends_on)
+  SELECT $1, c.id, p.id FROM unnest($14::text[], $15::text[]) AS e(child, parent)
   JOIN ins c ON c.step = e.child
   JOIN (SELECT id, step FROM ins UNION ALL SELECT x.id, x.step FROM unnest($16::bigint[], $17::text[]) AS x(id, step)) p ON p.step = e.parent
 )

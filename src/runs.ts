@@ -85,8 +85,8 @@ WITH run AS (
        AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on)
   RETURNING id, step
 ), edges AS (
-  INSERT INTO outlive.task_deps (task_id, depends_on)
-  SELECT c.id, p.id FROM unnest($12::text[], $13::text[]) AS e(child, parent)
+  INSERT INTO outlive.task_deps (run_id, task_id, depends_on)
+  SELECT run.id, c.id, p.id FROM run, unnest($12::text[], $13::text[]) AS e(child, parent)
   JOIN ins c ON c.step = e.child
   JOIN ins p ON p.step = e.parent
 )

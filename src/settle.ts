@@ -57,6 +57,19 @@ FROM unnest($2::bigint[], $3::jsonb[]) AS s(id, output)
 WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $4
 RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
 
+// Successes of standalone tasks defined with keepSucceeded: false: the row
+// goes, under the same compare-and-set as an UPDATE settle. Measured on
+// claim-and-settle loops of 100,000 plain tasks in batches of 500 (2 cores,
+// PostgreSQL 15): Postgres CPU of the settle 2.2 ms per 1,000 tasks this way
+// against 8.3 for SUCCEED_SQL, which writes a third row version and two index
+// entries to keep the row. (This needs outlive.task_deps to have no foreign
+// key to outlive.tasks: see db/schema.ts.)
+export const DROP_SQL = `
+DELETE FROM outlive.tasks t
+USING unnest($1::bigint[]) AS s(id)
+WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $2
+RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
+
 // Settles of run tasks that neither failed for good nor spawned anything
 // (most of a run's settles) in one statement: the settle, the release of
 // dependents and the runs' counts, where the general path takes a
@@ -200,7 +213,16 @@ export async function settle(pool: PoolLike, owner: string, outcomes: readonly O
 
 /** Settles one batch: one statement where it can, else a transaction with the run knock-ons. */
 async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
-  if (outcomes.every((o) => o.runId === null)) return settleRows(toExecutor(pool), owner, outcomes, now);
+  if (outcomes.every((o) => o.runId === null)) {
+    const dropped = outcomes.filter((o) => o.state === 'succeeded' && o.drop);
+    if (dropped.length === 0) return settleRows(toExecutor(pool), owner, outcomes, now);
+    const drop = (db: Executor) => db.query<SettledRow>(DROP_SQL, [dropped.map((o) => o.id), owner], 'outlive_drop');
+    if (dropped.length === outcomes.length) return drop(toExecutor(pool));
+    // Both kinds in one batch: one transaction, so that a batch the database
+    // refuses is retried outcome by outcome with nothing half written.
+    const kept = outcomes.filter((o) => !(o.state === 'succeeded' && o.drop));
+    return inTransaction(pool, async (db) => (await drop(db)).concat(await settleRows(db, owner, kept, now)));
+  }
   if (outcomes.every((o) => o.state !== 'failed' && !(o.state === 'succeeded' && o.spawns?.length))) {
     try {
       return strip(await settleRows(toExecutor(pool), owner, outcomes, now, RUN_TASKS));

@@ -73,6 +73,16 @@ export interface TaskConfig<S extends z.ZodType, O> {
   queue?: string;
   /** Default priority; higher runs first. Default 0. */
   priority?: number;
+  /**
+   * Keep the row of a succeeded attempt as history (its output, its times,
+   * the dashboard's counts). Default true. With false, a standalone task's
+   * row is deleted by the statement that settles its success, as
+   * graphile-worker does with every job: about a quarter of the settle's
+   * database work (docs/benchmarks.md), for high-volume tasks whose outputs
+   * nobody reads. Failures, retries and steps of runs are always kept (a
+   * run's outputs feed the steps that wait on them).
+   */
+  keepSucceeded?: boolean;
 }
 
 /** A defined task. Pass it to `enqueue` and to the passes that run it. */
@@ -85,6 +95,7 @@ export interface Task<S extends z.ZodType = z.ZodType, O = unknown> {
   readonly timeoutMs: number;
   readonly queue: string;
   readonly priority: number;
+  readonly keepSucceeded: boolean;
 }
 
 /** The input type `enqueue` takes for a task. */
@@ -151,6 +162,8 @@ export function defineTask<S extends z.ZodType, O>(config: TaskConfig<S, O>): Ta
   }
   const priority = config.priority ?? 0;
   if (!Number.isInteger(priority)) throw new ConfigError(`outlive: task "${name}": priority must be a whole number`);
+  const keepSucceeded = config.keepSucceeded ?? true;
+  if (typeof keepSucceeded !== 'boolean') throw new ConfigError(`outlive: task "${name}": keepSucceeded must be true or false`);
   return Object.freeze({
     name,
     input: config.input,
@@ -160,6 +173,7 @@ export function defineTask<S extends z.ZodType, O>(config: TaskConfig<S, O>): Ta
     timeoutMs,
     queue: checkName('queue', config.queue ?? 'default'),
     priority,
+    keepSucceeded,
   });
 }
 

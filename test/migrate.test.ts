@@ -1,6 +1,26 @@
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { drizzle } from 'drizzle-orm/node-postgres';
+import { migrate as drizzleMigrate } from 'drizzle-orm/node-postgres/migrator';
 import pg from 'pg';
 import { describe, expect, inject, it } from 'vitest';
 import { migrate } from '../src/index.js';
+import { MIGRATIONS_FOLDER } from '../src/migrate.js';
+
+/** Applies the migrations up to and including `last` (a journal tag's number), as an older outlive would have. */
+async function migrateUpTo(client: pg.Client, last: number): Promise<void> {
+  const dir = mkdtempSync(join(tmpdir(), 'outlive-mig-'));
+  try {
+    const journal = JSON.parse(readFileSync(join(MIGRATIONS_FOLDER, 'meta/_journal.json'), 'utf8'));
+    journal.entries = journal.entries.filter((e: { idx: number }) => e.idx <= last);
+    cpSync(MIGRATIONS_FOLDER, dir, { recursive: true });
+    writeFileSync(join(dir, 'meta/_journal.json'), JSON.stringify(journal));
+    await drizzleMigrate(drizzle(client), { migrationsFolder: dir, migrationsSchema: 'outlive', migrationsTable: 'migrations' });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
 
 async function emptyDatabase(): Promise<{ url: string; drop: () => Promise<void> }> {
   const admin = new pg.Client({ connectionString: inject('pgUrl') });
@@ -35,6 +55,39 @@ describe('migrate', () => {
       expect(applied.rows[0].n).toBeGreaterThanOrEqual(2);
       expect(tables.rows.map((r) => r.table_name)).toEqual(expect.arrayContaining(['migrations', 'runs', 'task_deps', 'tasks']));
     } finally {
+      await drop();
+    }
+  });
+
+  it('moves dependency edges from their tasks to their run, keeping the edges of existing runs (0007)', async () => {
+    const { url, drop } = await emptyDatabase();
+    const c = new pg.Client({ connectionString: url });
+    await c.connect();
+    try {
+      await migrateUpTo(c, 6);
+      const { rows: [run] } = await c.query(`INSERT INTO outlive.runs (name, unfinished) VALUES ('old', 2) RETURNING id::text`);
+      const { rows: tasks } = await c.query(
+        `INSERT INTO outlive.tasks (run_id, step, name, input, max_attempts, timeout_ms, waiting_on)
+         VALUES ($1, 'a', 't', '{}', 1, 1000, 0), ($1, 'b', 't', '{}', 1, 1000, 1) RETURNING id::text`,
+        [run.id],
+      );
+      await c.query(`INSERT INTO outlive.task_deps (task_id, depends_on) VALUES ($1, $2)`, [tasks[1].id, tasks[0].id]);
+
+      await migrate(url);
+      const edges = await c.query(`SELECT run_id::text, task_id::text, depends_on::text FROM outlive.task_deps`);
+      expect(edges.rows).toEqual([{ run_id: run.id, task_id: tasks[1].id, depends_on: tasks[0].id }]);
+      // No foreign key from the edges to outlive.tasks is left: deleting a
+      // task row runs no cascade query.
+      const fks = await c.query(
+        `SELECT confrelid::regclass::text AS target FROM pg_constraint WHERE conrelid = 'outlive.task_deps'::regclass AND contype = 'f'`,
+      );
+      expect(fks.rows).toEqual([{ target: 'outlive.runs' }]);
+      // The edges go with their run.
+      await c.query(`DELETE FROM outlive.runs WHERE id = $1`, [run.id]);
+      expect((await c.query(`SELECT count(*)::int AS n FROM outlive.task_deps`)).rows[0].n).toBe(0);
+      expect((await c.query(`SELECT count(*)::int AS n FROM outlive.tasks`)).rows[0].n).toBe(0);
+    } finally {
+      await c.end();
       await drop();
     }
   });

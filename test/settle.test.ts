@@ -1,7 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { defineTask, enqueue, NonRetriableError, RetryAfterError, startRun, step, tick, type Step } from '../src/index.js';
-import { SETTLE_RUN_TASKS_SQL, SETTLE_SQL, SUCCEED_RUN_TASKS_SQL, SUCCEED_SQL } from '../src/settle.js';
+import { ConfigError, defineTask, enqueue, NonRetriableError, RetryAfterError, startRun, step, tick, type Step } from '../src/index.js';
+import { claim } from '../src/claim.js';
+import { toExecutor } from '../src/executor.js';
+import { DROP_SQL, settle, SETTLE_RUN_TASKS_SQL, SETTLE_SQL, SUCCEED_RUN_TASKS_SQL, SUCCEED_SQL } from '../src/settle.js';
 import { freshDb } from './support/db.js';
 import { taskRow } from './support/tasks.js';
 
@@ -171,6 +173,95 @@ describe('settle', () => {
   });
 });
 
+describe('keepSucceeded: false', () => {
+  const count = async (name: string) =>
+    (await db.pool.query(`SELECT count(*)::int AS n FROM outlive.tasks WHERE name = $1`, [name])).rows[0].n as number;
+
+  it('deletes the row of a success, and keeps retries and failures', async () => {
+    await clear();
+    let calls = 0;
+    const ping = defineTask({ name: 'ping', input: z.object({ n: z.number() }), keepSucceeded: false, run: ({ n }) => n });
+    const flaky = defineTask({
+      name: 'flaky-ping',
+      input: z.object({}),
+      keepSucceeded: false,
+      retry: { maxAttempts: 2, backoff: { baseMs: 1_000, jitter: 'none' } },
+      run: () => {
+        if (++calls === 1) throw new Error('first try');
+        throw new NonRetriableError('gave up');
+      },
+    });
+    for (let n = 0; n < 5; n++) await enqueue(db.pool, ping, { n }, { runAt: T0 });
+    const { id } = await enqueue(db.pool, flaky, {}, { runAt: T0 });
+
+    let report = await tick(db.pool, { tasks: [ping, flaky], now: T0 });
+    expect(report).toMatchObject({ claimed: 6, succeeded: 5, retried: 1, lostLeases: 0 });
+    expect(await count('ping')).toBe(0);
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'pending', last_error: 'first try' });
+
+    report = await tick(db.pool, { tasks: [ping, flaky], now: at(1_000) });
+    expect(report).toMatchObject({ claimed: 1, failed: 1 });
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'failed', last_error: 'gave up', attempts: 2 });
+  });
+
+  it('settles a batch mixing kept and dropped successes in one transaction', async () => {
+    await clear();
+    const dropped = defineTask({ name: 'dropped', input: z.object({}), keepSucceeded: false, run: () => 'gone' });
+    const kept = defineTask({ name: 'kept', input: z.object({}), run: () => 'stays' });
+    await enqueue(db.pool, dropped, {});
+    const { id } = await enqueue(db.pool, kept, {});
+    await enqueue(db.pool, dropped, {});
+    const report = await tick(db.pool, { tasks: [dropped, kept] });
+    expect(report).toMatchObject({ claimed: 3, succeeded: 3, lostLeases: 0 });
+    expect(await count('dropped')).toBe(0);
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'succeeded', output: 'stays' });
+  });
+
+  it('deletes only under the lease that claimed the row', async () => {
+    await clear();
+    const ping = defineTask({ name: 'ping', input: z.object({}), keepSucceeded: false, run: () => null });
+    const { id } = await enqueue(db.pool, ping, {});
+    const [claimed] = await claim(toExecutor(db.pool), {
+      owner: 'pass-a', limit: 1, maxTimeoutMs: 60_000, queues: null, leaseGraceMs: 1_000, leaseMs: 60_000, now: null,
+    });
+    expect(claimed!.id).toBe(id);
+    const success = { id, runId: null, state: 'succeeded' as const, output: null, drop: true as const };
+    // A pass that does not hold the lease (its own expired and was recovered) deletes nothing.
+    expect(await settle(db.pool, 'pass-b', [success], null)).toEqual([]);
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'running', lease_owner: 'pass-a' });
+    expect(await settle(db.pool, 'pass-a', [success], null)).toEqual([{ id, state: 'succeeded', run_id: null, step: null }]);
+    expect(await taskRow(db.pool, id)).toBeUndefined();
+  });
+
+  it('keeps the steps of a run, whose outputs feed the steps after them', async () => {
+    await clear();
+    const fetchPage = defineTask({ name: 'fetch-page', input: z.object({ url: z.string() }), keepSucceeded: false, run: ({ url }) => url.length });
+    const sum = defineTask({
+      name: 'sum-pages',
+      input: z.object({}),
+      keepSucceeded: false,
+      run: async (_input, ctx) => Object.values(await ctx.outputs()).reduce((a, b) => (a as number) + (b as number), 0),
+    });
+    const run = await startRun(db.pool, 'pages', {
+      a: step(fetchPage, { url: 'https://a.example' }),
+      b: step(fetchPage, { url: 'https://bb.example' }),
+      total: step(sum, {}, { after: ['a', 'b'] }),
+    });
+    await tick(db.pool, { tasks: [fetchPage, sum] });
+    const { rows } = await db.pool.query(`SELECT step, state, output FROM outlive.tasks WHERE run_id = $1 ORDER BY step`, [run.id]);
+    expect(rows).toEqual([
+      { step: 'a', state: 'succeeded', output: 17 },
+      { step: 'b', state: 'succeeded', output: 18 },
+      { step: 'total', state: 'succeeded', output: 35 },
+    ]);
+  });
+
+  it('refuses a value that is not a boolean', () => {
+    expect(() => defineTask({ name: 'x', input: z.object({}), keepSucceeded: 'no' as unknown as boolean, run: () => 1 })).toThrow(ConfigError);
+    expect(() => defineTask({ name: 'x', input: z.object({}), keepSucceeded: 'no' as unknown as boolean, run: () => 1 })).toThrow(/keepSucceeded must be true or false/);
+  });
+});
+
 describe('settle plans', () => {
   // A settle joins the batch (arrays unnested) to its rows. Prepared
   // statements switch to a generic plan after a few runs, which sees the
@@ -200,10 +291,11 @@ describe('settle plans', () => {
     const client = await db.pool.connect();
     try {
       await client.query('SET plan_cache_mode = force_generic_plan');
-      const statements = { SETTLE_SQL, SUCCEED_SQL, SETTLE_RUN_TASKS_SQL, SUCCEED_RUN_TASKS_SQL };
+      const statements = { SETTLE_SQL, SUCCEED_SQL, SETTLE_RUN_TASKS_SQL, SUCCEED_RUN_TASKS_SQL, DROP_SQL };
       // Values for the parameters of the two shapes of settle (plain and run-task ones share them).
       const succeedArgs = `NULL, '{1,2}', '{null,null}', 'mine'`;
       const settleArgs = `NULL, '{1,2}', '{succeeded,failed}', '{null,null}', '{null,null}', '{0,0}', '{null,null}', 'mine'`;
+      const dropArgs = `'{1,2}', 'mine'`;
       const quadratic: string[] = [];
       // Planned before the table's statistics catch up (autovacuum's analyze
       // runs behind a burst like this one), and after.
@@ -212,7 +304,7 @@ describe('settle plans', () => {
         for (const [name, sql] of Object.entries(statements)) {
           await client.query(`PREPARE generic_settle AS ${sql}`);
           const [{ 'QUERY PLAN': [plan] }] = (
-            await client.query(`EXPLAIN (FORMAT JSON) EXECUTE generic_settle(${name.startsWith('SUCCEED') ? succeedArgs : settleArgs})`)
+            await client.query(`EXPLAIN (FORMAT JSON) EXECUTE generic_settle(${name === 'DROP_SQL' ? dropArgs : name.startsWith('SUCCEED') ? succeedArgs : settleArgs})`)
           ).rows;
           await client.query('DEALLOCATE generic_settle');
           const walk = (node: Record<string, unknown>): void => {

@@ -222,7 +222,7 @@ export async function listRuns(db: Database, filter: { state?: RunState; limit?:
 export async function runEdges(db: Database, runId: string): Promise<{ task: string; dependsOn: string }[]> {
   return exec(db).query<{ task: string; dependsOn: string }>(
     `SELECT d.task_id::text AS task, d.depends_on::text AS "dependsOn"
-     FROM outlive.task_deps d JOIN outlive.tasks t ON t.id = d.task_id WHERE t.run_id = $1`,
+     FROM outlive.task_deps d JOIN outlive.tasks t ON t.id = d.task_id WHERE d.run_id = $1`,
     [runId],
   );
 }
