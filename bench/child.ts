@@ -1,12 +1,13 @@
 /**
  * A system process: loads one driver (argv[2]) and runs what the
  * orchestrator asks over the IPC channel. Runs on the machine's Node through
- * tsx for outlive, and on Node 22 (which runs TypeScript by stripping types)
- * for graphile-worker and pg-boss.
+ * tsx for outlive and outlive-drop (the same driver, its task defined with
+ * `keepSucceeded: false`), and on Node 22 (which runs TypeScript by
+ * stripping types) for graphile-worker and pg-boss.
  *
  * Every statement any library sends goes through node-postgres'
- * `Client#query`, so wrapping it here counts round trips for all three
- * systems the same way, without touching their code.
+ * `Client#query`, so wrapping it here counts round trips for every system
+ * the same way, without touching their code.
  */
 import { createRequire } from 'node:module';
 import pg from 'pg';
@@ -71,6 +72,8 @@ async function loadDriver(): Promise<Driver> {
   switch (system) {
     case 'outlive':
       return (await import('./systems/outlive.ts')).createDriver();
+    case 'outlive-drop':
+      return (await import('./systems/outlive.ts')).createDriver({ keepSucceeded: false });
     case 'graphile-worker':
       return (await import('./systems/graphile.ts')).createDriver();
     case 'pg-boss':

@@ -1,5 +1,5 @@
 /**
- * `npx tsx loop.ts [--clients K] [--batch B] [--tasks N] [--others M] [--rounds R]`
+ * `npx tsx loop.ts [--clients K] [--batch B] [--tasks N] [--others M] [--rounds R] [--settle keep|drop]`
  *
  * A closer look than the harness's phases: K connections run outlive's claim
  * and settle statements (CLAIM_SQL, SUCCEED_SQL) back to back over N pending
@@ -7,7 +7,9 @@
  * between, and the Postgres CPU of each statement is read from
  * /proc/<pid>/schedstat of its backend just before and after it. `--others M`
  * leaves M rows running under another lease owner for the whole loop, as the
- * prefetched rows of other workers would be. Prints, per round: tasks/s,
+ * prefetched rows of other workers would be. `--settle drop` settles with
+ * DROP_SQL (the delete of a task defined with keepSucceeded: false) instead
+ * of SUCCEED_SQL. Prints, per round: tasks/s,
  * Postgres CPU per 1,000 tasks split into claim and settle, and index entries
  * read per claim and per settle (pg_stat_user_indexes).
  *
@@ -21,7 +23,7 @@ import { parseArgs } from 'node:util';
 import pg from 'pg';
 import { CLAIM_SQL } from '../src/claim.ts';
 import { migrate } from '../src/migrate.ts';
-import { SUCCEED_SQL } from '../src/settle.ts';
+import { DROP_SQL, SUCCEED_SQL } from '../src/settle.ts';
 import { Admin, urlFor } from './lib/postgres.ts';
 
 const { values } = parseArgs({
@@ -31,6 +33,7 @@ const { values } = parseArgs({
     tasks: { type: 'string', default: '100000' },
     others: { type: 'string', default: '0' },
     rounds: { type: 'string', default: '1' },
+    settle: { type: 'string', default: 'keep' },
   },
 });
 const clients = Number(values.clients);
@@ -38,6 +41,8 @@ const batch = Number(values.batch);
 const tasks = Number(values.tasks);
 const others = Number(values.others);
 const rounds = Number(values.rounds);
+if (values.settle !== 'keep' && values.settle !== 'drop') throw new Error(`--settle is keep or drop, not ${values.settle}`);
+const drop = values.settle === 'drop';
 
 const TEMPLATE = 'bench_loop_tpl';
 const DB = 'bench_loop';
@@ -96,7 +101,9 @@ for (let round = 1; round <= rounds; round++) {
         if (rows.length === 0) return;
         before = cpuNs(pid);
         const ids = rows.map((r) => r.id);
-        const done = await client.query({ name: 'succeed', text: SUCCEED_SQL, values: [null, ids, ids.map(() => null), owner] });
+        const done = drop
+          ? await client.query({ name: 'drop', text: DROP_SQL, values: [ids, owner] })
+          : await client.query({ name: 'succeed', text: SUCCEED_SQL, values: [null, ids, ids.map(() => null), owner] });
         settleNs += cpuNs(pid) - before;
         settles++;
         settled += done.rowCount ?? 0;
@@ -123,7 +130,7 @@ for (let round = 1; round <= rounds; round++) {
   }
   const perK = (ns: number) => ((ns / 1e6) * 1000) / tasks;
   console.log(
-    `round ${round}: ${clients} client(s), batches of ${batch}, ${others} other running rows: ` +
+    `round ${round}: ${clients} client(s), batches of ${batch}, ${others} other running rows, successes ${drop ? 'deleted' : 'kept'}: ` +
       `${Math.round(tasks / seconds).toLocaleString('en-US')} tasks/s; Postgres CPU per 1,000 tasks ` +
       `claim ${perK(claimNs).toFixed(1)} + settle ${perK(settleNs).toFixed(1)} = ${perK(claimNs + settleNs).toFixed(1)} ms; ` +
       `index entries read per claim and settle: ${indexes.map((i) => `${i.index} ${Math.round(i.read / (i.index === 'tasks_claim_idx' ? claims : settles))}`).join(', ')}`,

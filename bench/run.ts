@@ -6,16 +6,18 @@
  *   cd bench && npm run bench -- --smoke                   # a few hundred jobs, 1 round
  *
  * Each round runs every phase, and within a phase the systems take turns
- * (outlive, graphile-worker, pg-boss, then again next round), each on a
- * fresh database cloned from its migrated template. Results go to
- * bench/results/ and, for full runs, into docs/benchmarks.md with plots.
+ * (outlive, outlive-drop, graphile-worker, pg-boss, then again next round),
+ * each on a fresh database cloned from its migrated template; outlive-drop
+ * (outlive deleting succeeded rows) runs only the drains and the latency
+ * phase (takesPart in lib/config.ts). Results go to bench/results/ and, for
+ * full runs, into docs/benchmarks.md with plots.
  */
 import { createHash } from 'node:crypto';
 import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { outliveRuntime, peerRuntime } from './lib/children.ts';
-import { parseArgs, type PhaseName } from './lib/config.ts';
+import { parseArgs, takesPart, type PhaseName } from './lib/config.ts';
 import {
   bulkAndDrain,
   claim,
@@ -144,16 +146,19 @@ async function main(): Promise<void> {
         if (wanted.length === 0) continue;
         for (const system of options.systems) {
           if (step.systems !== 'all' && !step.systems.includes(system)) continue;
+          // A step may report several phases, not all of which this system takes part in.
+          const mine = wanted.filter((p) => takesPart(system, p));
+          if (mine.length === 0) continue;
           const t0 = performance.now();
           try {
-            for (const r of await step.run(ctx, system, wanted)) {
+            for (const r of await step.run(ctx, system, mine)) {
               results.push(r);
               console.log(`${line(r)}  (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
             }
           } catch (err) {
             await stopAll();
             const message = err instanceof Error ? err.message : String(err);
-            for (const phase of wanted) {
+            for (const phase of mine) {
               const r: PhaseResult = { phase, system, round, metrics: {}, error: message };
               results.push(r);
               console.log(line(r));

@@ -79,9 +79,9 @@ export function peerRuntime(): Runtime {
   );
 }
 
-/** The runtime a system's processes run on. */
+/** The runtime a system's processes run on (outlive-drop is outlive, with one task option changed). */
 export function runtimeFor(system: SystemName): Runtime {
-  return system === 'outlive' ? outliveRuntime() : peerRuntime();
+  return system === 'outlive' || system === 'outlive-drop' ? outliveRuntime() : peerRuntime();
 }
 
 /** One system process, with a promise-returning call per request. */

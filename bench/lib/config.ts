@@ -83,6 +83,22 @@ export const PHASES = [
 ] as const;
 export type PhaseName = (typeof PHASES)[number];
 
+/**
+ * Systems that take part in only some of the phases. outlive-drop differs
+ * from outlive only in how a success settles, so it runs where settles are
+ * measured: the enqueues and the claim would measure outlive again, DAG
+ * tasks are steps of runs (always kept), and the serverless phase runs the
+ * Worker's own task list (systems/worker-tasks.ts).
+ */
+const ONLY: Partial<Record<SystemName, readonly PhaseName[]>> = {
+  'outlive-drop': ['drain-1', 'drain-2', 'latency'],
+};
+
+/** Whether `system` takes part in `phase` (phases run by one system alone say so in run.ts). */
+export function takesPart(system: SystemName, phase: PhaseName): boolean {
+  return ONLY[system]?.includes(phase) ?? true;
+}
+
 /** What one invocation runs. */
 export interface Options {
   smoke: boolean;
@@ -105,6 +121,7 @@ const USAGE = `usage: npm run bench -- [options]
   --scale F           multiply every job count by F (e.g. 0.2 for a quicker look)
   --phases a,b        only these phases: ${PHASES.join(', ')}
   --systems a,b       only these systems: ${SYSTEMS.join(', ')}
+                      (outlive-drop, outlive deleting succeeded rows, runs drain-1, drain-2, latency only)
   --docs / --no-docs  write docs/benchmarks.md and its images (default: on, off with --smoke)
   --note TEXT         a note to print above the results
   --from FILE         measure nothing: rewrite docs/benchmarks.md from a saved run (bench/results/*.json)

@@ -9,6 +9,8 @@ import type { SystemName } from '../systems/protocol.ts';
 /** One colour per system (Okabe-Ito: tellable apart with any colour vision). */
 export const COLOURS: Record<SystemName, string> = {
   outlive: '#0072B2',
+  // outlive's blue, lighter: the same engine, deleting succeeded rows.
+  'outlive-drop': '#56B4E9',
   'graphile-worker': '#E69F00',
   'pg-boss': '#009E73',
 };
@@ -131,8 +133,8 @@ export function latencyCdf(title: string, subtitle: string, dists: Distribution[
     parts.push(`<text x="${left - 6}" y="${y(f) + 4}" font-size="10" text-anchor="end" fill="#666" ${FONT}>${Math.round(f * 100)}%</text>`);
   }
   parts.push(`<text x="${(left + width - right) / 2}" y="${height - 12}" font-size="12" text-anchor="middle" ${FONT}>ms from the enqueue call to the handler's start (axis cut a little past the largest p99)</text>`);
-  sorted.forEach((d, k) => {
-    if (d.s.length === 0) return;
+  // Systems without samples (a failed run) get no line, and leave no gap in the legend.
+  sorted.filter((d) => d.s.length > 0).forEach((d, k) => {
     const pts: string[] = [`${x(0)},${y(0)}`];
     d.s.forEach((v, i) => {
       pts.push(`${x(v).toFixed(1)},${y(i / d.s.length).toFixed(1)}`);

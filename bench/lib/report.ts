@@ -9,7 +9,7 @@
 import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Options, PhaseName } from './config.ts';
+import { PHASES, takesPart, type Options, type PhaseName } from './config.ts';
 import type { PhaseResult, SystemInfo } from './phases.ts';
 import { barPanels, findChromium, latencyCdf, svgSize, svgToPng, type Panel } from './plot.ts';
 import { spread, type Spread } from './stats.ts';
@@ -97,7 +97,8 @@ export function summarize(record: RunRecord): string {
   const lines = ['', `median [min-max] over ${record.options.rounds} round(s)`];
   const row = (label: string, phase: PhaseName, key: string, unit: string) => {
     if (!ran(record, phase)) return;
-    const cells = systems.map((s) => {
+    // Systems that sit a phase out get no cell rather than a '-' that reads as a failure.
+    const cells = systems.filter((s) => takesPart(s, phase)).map((s) => {
       const m = metric(record, phase, s, key);
       return `${s}: ${m ? `${fmt(m.median)} [${fmt(m.min)}-${fmt(m.max)}]` : '-'}`;
     });
@@ -154,6 +155,15 @@ function resultsSection(record: RunRecord, images: { throughput: string; latency
   ]);
   info.push(['command', `\`cd bench && npm install && npm run bench${o.smoke ? ' -- --smoke' : ''}\``]);
   out.push(table(['', ''], info).replace('|---|--:|', '|---|---|'));
+  if (systems.includes('outlive-drop')) {
+    const own = PHASES.filter((p) => takesPart('outlive-drop', p) && ran(record, p));
+    out.push(
+      '',
+      '**outlive-drop** is outlive with its task defined with `keepSucceeded: false`: the statement that settles a success deletes the row, ' +
+        'as graphile-worker deletes every completed job, instead of keeping it as history. ' +
+        `It runs only where that changes the work (${own.join(', ') || 'no phase of this run'}); its other cells are empty.`,
+    );
+  }
 
   const throughputRows = THROUGHPUT_PHASES.filter((p) => ran(record, p.phase)).map((p) => [
     p.title,
@@ -263,7 +273,7 @@ function resultsSection(record: RunRecord, images: { throughput: string; latency
   const failed = measured.filter((r) => r.error);
   out.push(
     failed.length === 0
-      ? `All ${measured.length} phase runs passed their checks: every enqueue left exactly one row per job, and in every drain, latency, DAG and serverless run each job's handler ran exactly once and the database recorded every job completed with one attempt (and each DAG run succeeded).`
+      ? `All ${measured.length} phase runs passed their checks: every enqueue left exactly one row per job, and in every drain, latency, DAG and serverless run each job's handler ran exactly once and the database recorded every job completed with one attempt, or kept no row where completed jobs are deleted (and each DAG run succeeded).`
       : `${measured.length - failed.length} of ${measured.length} phase runs passed their checks. Failed (left out of the tables above):`,
   );
   for (const r of failed) out.push(`- round ${r.round}, ${r.phase}, ${r.system}: ${r.error!.split('\n')[0]}`);

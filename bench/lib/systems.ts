@@ -31,6 +31,18 @@ export const SQL: Record<SystemName, SystemSql> = {
                       count(*) FILTER (WHERE state <> 'succeeded')::int AS left
                FROM outlive.tasks`,
   },
+  'outlive-drop': {
+    db: 'bench_outlive_drop',
+    remaining: `SELECT count(*)::int AS n FROM outlive.tasks WHERE state IN ('pending', 'running')`,
+    enqueued: `SELECT count(*)::int AS total, count(DISTINCT input->>'i')::int AS distinct FROM outlive.tasks`,
+    // Succeeded rows are deleted, so after a drain every row is left over:
+    // one not succeeded, or a success the settle kept (the option not
+    // taking effect), which the check should catch as well.
+    finished: `SELECT NULL::int AS done,
+                      count(*) FILTER (WHERE attempts > 1)::int AS repeated,
+                      count(*)::int AS left
+               FROM outlive.tasks`,
+  },
   'graphile-worker': {
     db: 'bench_graphile',
     // Completed jobs are deleted; failed ones stay with a later run_at.

@@ -84,22 +84,29 @@ export async function startDagRun(url: string, leaves: number, spawned: boolean)
   }
 }
 
-/** Creates the outlive driver. */
-export function createDriver(): Driver {
+/** How the bench task is defined: outlive-drop is outlive with `keepSucceeded: false`. */
+export interface OutliveOptions {
+  keepSucceeded?: boolean;
+}
+
+/** Creates the outlive driver (the outlive-drop one with `{ keepSucceeded: false }`). */
+export function createDriver(options: OutliveOptions = {}): Driver {
+  const keepSucceeded = options.keepSucceeded ?? true;
   let url = '';
   let pool: Pool | null = null;
   let txClient: PoolClient | null = null;
   let worker: outlive.Worker | null = null;
   let noop: outlive.AnyTask | null = null;
   const task = (run: (p: Payload) => void = () => undefined) =>
-    outlive.defineTask({ name: 'noop', input: payloadSchema, run: (input) => run(input) });
+    outlive.defineTask({ name: 'noop', input: payloadSchema, keepSucceeded, run: (input) => run(input) });
 
   const driver: Driver = {
-    name: 'outlive',
+    name: keepSucceeded ? 'outlive' : 'outlive-drop',
     version: () => JSON.parse(readFileSync(`${ROOT}/package.json`, 'utf8')).version + ' (working tree)',
     settings: (concurrency) =>
       `createWorker({ connectionString, concurrency: ${concurrency} }) (src/worker.ts: LISTEN outlive, tick passes, ` +
-      `its own pg.Pool of ${poolSize(concurrency)}); other options at their defaults (pollIntervalMs 2,000, retention on)`,
+      `its own pg.Pool of ${poolSize(concurrency)}); other options at their defaults (pollIntervalMs 2,000, retention on)` +
+      (keepSucceeded ? '' : `; the task defined with keepSucceeded: false (a success's row is deleted by its settle)`),
     async install(target) {
       await outlive.migrate(target);
     },

@@ -2,14 +2,18 @@
  * What the orchestrator (run.ts) and the system processes (child.ts) say to
  * each other, and the shape every system driver has.
  *
- * Every system runs in processes of its own: outlive on the machine's Node,
- * graphile-worker and pg-boss on a Node 22 binary. The orchestrator only
- * creates databases, starts processes, reads Postgres statistics and writes
- * the report; it never runs a job itself.
+ * Every system runs in processes of its own: outlive (both ways) on the
+ * machine's Node, graphile-worker and pg-boss on a Node 22 binary. The
+ * orchestrator only creates databases, starts processes, reads Postgres
+ * statistics and writes the report; it never runs a job itself.
  */
 
-/** The systems under test, in the order they take turns. */
-export const SYSTEMS = ['outlive', 'graphile-worker', 'pg-boss'] as const;
+/**
+ * The systems under test, in the order they take turns. `outlive-drop` is
+ * outlive with its task defined with `keepSucceeded: false` (a success's row
+ * is deleted by its settle, as graphile-worker deletes every completed job).
+ */
+export const SYSTEMS = ['outlive', 'outlive-drop', 'graphile-worker', 'pg-boss'] as const;
 export type SystemName = (typeof SYSTEMS)[number];
 
 /**
