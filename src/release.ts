@@ -80,9 +80,9 @@ ORDER BY id FOR UPDATE`;
 const INSERT_SPAWNS_SQL = `
 WITH ins AS (
   INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error, finished_at)
-  SELECT $1, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, now()), s.input, s.waiting_on,
+  SELECT $1, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, now()), s.input::jsonb, s.waiting_on,
          s.state::outlive.task_state, s.last_error, CASE WHEN s.state = 'skipped' THEN coalesce($2::timestamptz, now()) END
-  FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], $9::timestamptz[], $10::jsonb[], $11::int[], $12::text[], $13::text[])
+  FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::int[], $12::text[], $13::text[])
        AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error)
   RETURNING id, step
 ), edges AS (

@@ -80,8 +80,8 @@ WITH run AS (
   INSERT INTO outlive.runs (name, unfinished) VALUES ($1, $2) RETURNING id
 ), ins AS (
   INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on)
-  SELECT run.id, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, now()), s.input, s.waiting_on
-  FROM run, unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], $9::timestamptz[], $10::jsonb[], $11::int[])
+  SELECT run.id, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, now()), s.input::jsonb, s.waiting_on
+  FROM run, unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::int[])
        AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on)
   RETURNING id, step
 ), edges AS (

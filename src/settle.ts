@@ -19,23 +19,24 @@ export interface SettledRow extends RunRow {
 // One statement settles a whole batch, whatever mix of successes, retries and
 // failures it holds: outcomes travel as parallel arrays and unnest into rows.
 // Under load this folds the settles of every task that finished while the
-// previous settle was in flight into one round trip and one commit.
+// previous settle was in flight into one round trip and one commit. Outputs
+// and errors are JSON text, cast row by row (see INSERT_TASKS in enqueue.ts).
 export const SETTLE_SQL = `
 UPDATE outlive.tasks t
 SET state = (CASE WHEN s.state = 'released' THEN 'pending' ELSE s.state END)::outlive.task_state,
-    output = CASE WHEN s.state = 'succeeded' THEN s.output ELSE t.output END,
+    output = CASE WHEN s.state = 'succeeded' THEN s.output::jsonb ELSE t.output END,
     attempts = CASE WHEN s.state = 'released' THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
     run_at = CASE WHEN s.state = 'pending'
                   THEN coalesce(s.retry_at, coalesce($1::timestamptz, now()) + s.delay_ms * interval '1 millisecond')
                   WHEN s.state = 'released' THEN coalesce($1::timestamptz, now())
                   ELSE t.run_at END,
-    last_error = coalesce(s.error ->> 'message', t.last_error),
-    errors = CASE WHEN s.error IS NULL THEN t.errors ELSE t.errors || jsonb_build_array(s.error) END,
+    last_error = coalesce(s.error::jsonb ->> 'message', t.last_error),
+    errors = CASE WHEN s.error IS NULL THEN t.errors ELSE t.errors || jsonb_build_array(s.error::jsonb) END,
     lease_owner = NULL,
     lease_expires_at = NULL,
     finished_at = CASE WHEN s.state IN ('pending', 'released') THEN NULL ELSE coalesce($1::timestamptz, now()) END,
     updated_at = coalesce($1::timestamptz, now())
-FROM unnest($2::bigint[], $3::text[], $4::jsonb[], $5::timestamptz[], $6::float8[], $7::jsonb[])
+FROM unnest($2::bigint[], $3::text[], $4::text[], $5::timestamptz[], $6::float8[], $7::text[])
      AS s(id, state, output, retry_at, delay_ms, error)
 WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $8
 RETURNING t.id::text, s.state AS state, t.run_id::text, t.step`;
@@ -48,12 +49,12 @@ RETURNING t.id::text, s.state AS state, t.run_id::text, t.step`;
 export const SUCCEED_SQL = `
 UPDATE outlive.tasks t
 SET state = 'succeeded',
-    output = s.output,
+    output = s.output::jsonb,
     lease_owner = NULL,
     lease_expires_at = NULL,
     finished_at = coalesce($1::timestamptz, now()),
     updated_at = coalesce($1::timestamptz, now())
-FROM unnest($2::bigint[], $3::jsonb[]) AS s(id, output)
+FROM unnest($2::bigint[], $3::text[]) AS s(id, output)
 WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $4
 RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
 
