@@ -85,11 +85,15 @@ WITH ins AS (
   FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::int[], $12::text[], $13::text[])
        AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error)
   RETURNING id, step
+), ids AS (
+  -- The spawned steps, and the steps already in the run that they wait for
+  -- (a lookup object rather than a join: see START_RUN_SQL in runs.ts).
+  SELECT jsonb_object_agg(step, id) AS of
+  FROM (SELECT id, step FROM ins UNION ALL SELECT x.id, x.step FROM unnest($16::bigint[], $17::text[]) AS x(id, step)) a
 ), edges AS (
   INSERT INTO outlive.task_deps (run_id, task_id, depends_on)
-  SELECT $1, c.id, p.id FROM unnest($14::text[], $15::text[]) AS e(child, parent)
-  JOIN ins c ON c.step = e.child
-  JOIN (SELECT id, step FROM ins UNION ALL SELECT x.id, x.step FROM unnest($16::bigint[], $17::text[]) AS x(id, step)) p ON p.step = e.parent
+  SELECT $1, (ids.of ->> e.child)::bigint, (ids.of ->> e.parent)::bigint
+  FROM ids, unnest($14::text[], $15::text[]) AS e(child, parent)
 )
 SELECT count(*)::int AS n FROM ins`;
 
