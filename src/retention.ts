@@ -54,11 +54,16 @@ const SUCCEEDED_TASK_STATES = ['succeeded', 'cancelled', 'skipped'] as const;
 // tasks_state_finished_idx (state, finished_at) that stops at the LIMIT,
 // rather than an OR of states that would read every old entry into a bitmap
 // first. SKIP LOCKED lets two retention calls run at once without waiting on
-// each other; the state is checked again on the locked row.
+// each other; the state is checked again on the locked row. The ORDER BY
+// (oldest first) keeps every plan on that index: without it, a plan made
+// without the cutoff's value (a generic plan, as the worker's connections
+// use) read the table from its start until it found enough rows, the whole
+// of the history when nothing is old enough (test/generic-plans.test.ts).
 const DELETE_TASKS = `
 WITH doomed AS (
   SELECT id FROM outlive.tasks
   WHERE state = $1::outlive.task_state AND finished_at < $2::timestamptz AND run_id IS NULL
+  ORDER BY finished_at
   LIMIT $3
   FOR UPDATE SKIP LOCKED
 ), gone AS (
