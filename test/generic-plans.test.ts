@@ -24,9 +24,9 @@ import {
   startRun,
   step,
   tick,
-  type Step,
 } from '../src/index.js';
 import { freshDb } from './support/db.js';
+import { fanOut } from './support/tasks.js';
 
 const db = await freshDb();
 // node-postgres' own conversion of a parameter to its text form.
@@ -129,14 +129,7 @@ async function busyHistory() {
     INSERT INTO outlive.task_deps (run_id, task_id, depends_on)
     SELECT c.run_id, c.id, p.id FROM steps c JOIN steps p ON p.step = 's' || (substr(c.step, 2)::int - 1)`);
   const leaf = defineTask({ name: 'page', input: z.object({ i: z.number() }), run: () => null });
-  const steps: Record<string, Step> = { root: step(leaf, { i: 0 }) };
-  const leaves: string[] = [];
-  for (let i = 1; i <= 3_000; i++) {
-    leaves.push(`l${i}`);
-    steps[`l${i}`] = step(leaf, { i }, { after: ['root'] });
-  }
-  steps.join = step(leaf, { i: -1 }, { after: leaves });
-  await startRun(db.pool, 'big', steps);
+  await startRun(db.pool, 'big', fanOut(leaf, 3_000, (i) => ({ i })));
   await db.pool.query(`
     INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms)
     SELECT 'ok', jsonb_build_object('n', g), 5, 15000 FROM generate_series(1, 2000) g`);

@@ -13,10 +13,10 @@ import {
   step,
   tick,
   type AnyTask,
-  type Step,
 } from '../src/index.js';
 import { startRunStatement } from '../src/runs.js';
 import { freshDb } from './support/db.js';
+import { fanOut } from './support/tasks.js';
 
 const db = await freshDb();
 await db.pool.query(`CREATE TABLE log (seq bigserial, task_id bigint, step text, at timestamptz DEFAULT clock_timestamp())`);
@@ -54,14 +54,7 @@ describe('runs', () => {
   // by step, which the planner estimated at 50 million rows for this graph:
   // that estimate alone switched on JIT compilation, 290 ms of 870.
   it('plans the statement that writes a 10,000-step fan-out cheaply enough to stay clear of JIT', async () => {
-    const steps: Record<string, Step> = { root: step(work, { label: 'root' }) };
-    const leaves: string[] = [];
-    for (let i = 1; i <= 10_000; i++) {
-      leaves.push(`l${i}`);
-      steps[`l${i}`] = step(work, { label: `l${i}` }, { after: ['root'] });
-    }
-    steps.join = step(work, { label: 'join' }, { after: leaves });
-    const { text, values } = startRunStatement('fan-out', steps);
+    const { text, values } = startRunStatement('fan-out', fanOut(work, 10_000, (i) => ({ label: `l${i}` })));
     const { rows } = await db.pool.query(`EXPLAIN (FORMAT JSON) ${text}`, values);
     const { rows: [jit] } = await db.pool.query(`SELECT current_setting('jit_above_cost')::float8 AS above`);
     expect(rows[0]['QUERY PLAN'][0]['Plan']['Total Cost']).toBeLessThan(jit.above);

@@ -1,11 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { ConfigError, defineTask, enqueue, NonRetriableError, RetryAfterError, startRun, step, tick, type Step } from '../src/index.js';
+import { ConfigError, defineTask, enqueue, NonRetriableError, RetryAfterError, startRun, step, tick } from '../src/index.js';
 import { claim } from '../src/claim.js';
 import { toExecutor } from '../src/executor.js';
 import { DROP_SQL, settle, SETTLE_RUN_TASKS_SQL, SETTLE_SQL, SUCCEED_RUN_TASKS_SQL, SUCCEED_SQL } from '../src/settle.js';
 import { freshDb } from './support/db.js';
-import { taskRow } from './support/tasks.js';
+import { fanOut, taskRow } from './support/tasks.js';
 
 const db = await freshDb();
 const T0 = new Date('2026-03-01T12:00:00Z');
@@ -275,14 +275,7 @@ describe('settle plans', () => {
   it('join the batch to its rows in linear time, even as generic plans', async () => {
     await clear();
     const leaf = defineTask({ name: 'leaf', input: z.object({ i: z.number() }), run: () => null });
-    const steps: Record<string, Step> = { root: step(leaf, { i: 0 }) };
-    const leaves: string[] = [];
-    for (let i = 1; i <= 3_000; i++) {
-      leaves.push(`l${i}`);
-      steps[`l${i}`] = step(leaf, { i }, { after: ['root'] });
-    }
-    steps.join = step(leaf, { i: -1 }, { after: leaves });
-    await startRun(db.pool, 'fan-out', steps);
+    await startRun(db.pool, 'fan-out', fanOut(leaf, 3_000, (i) => ({ i })));
     // The leaves running under one pass, a few under others, and history.
     await db.pool.query(`UPDATE outlive.tasks SET state = 'running', attempts = 1, lease_owner = CASE WHEN id % 100 = 0 THEN 'other' ELSE 'mine' END,
                                 lease_expires_at = now() + interval '35 s', started_at = now(), waiting_on = 0 WHERE step LIKE 'l%'`);

@@ -4,7 +4,7 @@
  */
 import type pg from 'pg';
 import { z } from 'zod';
-import { defineTask } from '../../src/index.js';
+import { defineTask, step, type AnyTask, type Step } from '../../src/index.js';
 
 /** Creates the `effects` table: one row per (task id, label), unique. */
 export async function createEffects(pool: pg.Pool): Promise<void> {
@@ -33,4 +33,16 @@ export async function taskRow(pool: pg.Pool, id: string) {
 export async function countByState(pool: pg.Pool): Promise<Record<string, number>> {
   const { rows } = await pool.query(`SELECT state::text, count(*)::int AS n FROM outlive.tasks GROUP BY state`);
   return Object.fromEntries(rows.map((r) => [r.state, r.n]));
+}
+
+/** A fan-out graph: `root`, `leaves` steps after it (l1, l2, ...), and `join` after all of them; `input(i)` for step i (0 for root, -1 for join). */
+export function fanOut(task: AnyTask, leaves: number, input: (i: number) => unknown): Record<string, Step> {
+  const steps: Record<string, Step> = { root: step(task, input(0)) };
+  const names: string[] = [];
+  for (let i = 1; i <= leaves; i++) {
+    names.push(`l${i}`);
+    steps[`l${i}`] = step(task, input(i), { after: ['root'] });
+  }
+  steps.join = step(task, input(-1), { after: names });
+  return steps;
 }
