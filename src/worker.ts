@@ -429,19 +429,7 @@ export function createWorker(options: WorkerOptions): Worker {
   async function connect(): Promise<void> {
     try {
       if (!pool) {
-        // Generic plans: Postgres otherwise plans every claim afresh (its
-        // generic plan, with the LIMIT unknown, never looks cheap enough to
-        // keep). Measured (bench, outlive alone, three alternating pairs):
-        // drain-1 44,026-48,026 tasks/s against 39,104-45,733, drain-2
-        // 38,241-43,087 against 35,072-41,998 with Postgres CPU per 1,000
-        // tasks 30.5-34.7 against 32.4-38.1; claims of one row 0.18-0.21 ms
-        // of backend CPU against 0.36-0.38. Every statement a worker sends
-        // is planned this way on a busy database in test/generic-plans.test.ts.
-        // A pool the caller passes in is left as it is. Set by SET, not as a
-        // startup option, which connection poolers may refuse; a server
-        // without the setting (before PostgreSQL 12) keeps its default.
         pool = new pg.Pool({ connectionString: options.connectionString, max: concurrency + 2 });
-        pool.on('connect', (client) => void client.query('SET plan_cache_mode = force_generic_plan').catch(() => undefined));
         // An idle pooled connection the server closes emits here; unheard, it would crash the process.
         pool.on('error', (err) => log.warn(`outlive worker: a pooled connection failed: ${err.message}`));
       }

@@ -1,13 +1,15 @@
 /**
- * The worker's own connections use generic plans (plan_cache_mode =
- * force_generic_plan, src/worker.ts): every statement it sends is planned
- * once, without its parameters' values. This file records every statement a
- * worker's work sends (passes with plain tasks, retries, failures, runs with
- * fan-out, spawns and skips, heartbeats, recovery, retention, schedules), then
- * plans each one generically on a database shaped like a busy one (tens of
- * thousands of finished rows, a large run) and fails on a plan that reads the
- * whole of outlive.tasks or outlive.task_deps, or rescans an unnested array
- * once per row.
+ * Postgres may plan any prepared statement generically, without its
+ * parameters' values: after five executions when the generic plan looks no
+ * dearer than the custom ones (plan_cache_mode = auto, the default), and
+ * always under force_generic_plan, which an operator may set. This file
+ * records every statement a worker's work sends (passes with plain tasks,
+ * retries, failures, runs with fan-out, spawns and skips, heartbeats,
+ * recovery, retention, schedules), then plans each one generically on a
+ * database shaped like a busy one (tens of thousands of finished rows, a
+ * 30,000-edge run, a large fan-out, running work) and fails on a plan that
+ * reads the whole of outlive.tasks or outlive.task_deps, or rescans an
+ * unnested array once per row.
  */
 import { createRequire } from 'node:module';
 import pg from 'pg';
