@@ -80,9 +80,20 @@ RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.ti
 /** Claims up to `limit` ready tasks in one statement, marking them running under `owner`'s lease. */
 export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTask[]> {
   if (req.limit <= 0) return [];
-  return db.query<ClaimedTask>(
-    CLAIM_SQL,
-    [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs, req.leaseMs],
-    'outlive_claim',
-  );
+  // Unnamed, so planned for its values every time, never from a cached
+  // generic plan. A named (prepared) claim on a connection that had claimed
+  // from an empty queue a few times switched to Postgres's generic plan, made
+  // for that empty table: a nested loop over a scan of all of outlive.tasks.
+  // When a burst of 20,000 tasks arrived, each claim of 500 took ~1 s (10 ms
+  // planned afresh) until an ANALYZE replaced the plan. Auto mode planned
+  // almost every claim afresh anyway; the unnamed statement adds its parse.
+  return db.query<ClaimedTask>(CLAIM_SQL, [
+    req.now,
+    Math.floor(req.maxTimeoutMs),
+    req.queues,
+    req.limit,
+    req.owner,
+    req.leaseGraceMs,
+    req.leaseMs,
+  ]);
 }

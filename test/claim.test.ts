@@ -11,6 +11,40 @@ const db = await freshDb();
 await createEffects(db.pool);
 
 describe('claim', () => {
+  // A worker idles on an empty queue, claiming now and then, and then a burst
+  // arrives. A claim prepared as a named statement had, by then, switched to
+  // the generic plan Postgres made for the empty table: a scan of the whole
+  // table joined to the claimed rows by comparing every pair (~1 s a claim
+  // of 500 among 20,000).
+  it('claims a burst that follows an idle spell by index, not by scanning the table once per row', async () => {
+    const fresh = await freshDb();
+    const client = await fresh.pool.connect();
+    const exec = toExecutor(client);
+    const request = { owner: 'pass', maxTimeoutMs: 60_000, queues: null, leaseGraceMs: 1_000, leaseMs: 30_000, now: null };
+    const seqRead = async () => {
+      // Statistics reach the view when the claiming backend next goes idle.
+      await client.query('SELECT pg_stat_force_next_flush()');
+      await client.query('SELECT 1');
+      const [row] = await fresh.rows<{ n: number }>(`SELECT seq_tup_read::float8 AS n FROM pg_stat_user_tables WHERE relid = 'outlive.tasks'::regclass`);
+      return row!.n;
+    };
+    try {
+      for (let i = 0; i < 12; i++) {
+        expect(await claim(exec, { ...request, limit: 1_000 })).toEqual([]);
+        await client.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) VALUES ('idle', '{}', 3, 1000)`);
+        expect(await claim(exec, { ...request, limit: 1_000 })).toHaveLength(1);
+      }
+      await client.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) SELECT 'burst', '{}', 3, 1000 FROM generate_series(1, 20000)`);
+      const before = await seqRead();
+      expect(await claim(exec, { ...request, limit: 500 })).toHaveLength(500);
+      // Not one row read by a scan of the table: the cached plan read all
+      // 20,000 and compared each with every claimed row.
+      expect((await seqRead()) - before).toBe(0);
+    } finally {
+      client.release();
+    }
+  });
+
   it('10 passes at once over 2,000 tasks run every task exactly once', async () => {
     const record = recordingTask(db.pool);
     await enqueueMany(db.pool, record, Array.from({ length: 2_000 }, (_, n) => ({ n })));
