@@ -14,7 +14,7 @@
  */
 import { InvalidGraphError } from './errors.js';
 import type { Executor } from './executor.js';
-import type { PreparedStep } from './runs.js';
+import { stepColumns, stepEdges, type PreparedStep } from './runs.js';
 
 /** A settled row of a run, as the knock-on effects need it. */
 export interface RunRow {
@@ -134,21 +134,12 @@ export async function insertSpawns(db: Executor, runId: string, spawner: string,
     }
   }
   const waiting = steps.map((s) => s.after.filter((dep) => fresh.has(dep) || byStep.get(dep)!.state !== 'succeeded').length);
-  const children: string[] = [];
-  const parents: string[] = [];
-  for (const s of steps) for (const dep of s.after) (children.push(s.step), parents.push(dep));
+  const { children, parents } = stepEdges(steps);
   const external = existing.filter((e) => parents.includes(e.step));
   await db.query(INSERT_SPAWNS_SQL, [
     runId,
     now,
-    steps.map((s) => s.step),
-    steps.map((s) => s.name),
-    steps.map((s) => s.queue),
-    steps.map((s) => s.priority),
-    steps.map((s) => s.maxAttempts),
-    steps.map((s) => s.timeoutMs),
-    steps.map((s) => s.runAt),
-    steps.map((s) => s.input),
+    ...stepColumns(steps),
     waiting,
     steps.map((s) => (skipped.has(s.step) ? 'skipped' : 'pending')),
     steps.map((s) => skipped.get(s.step) ?? null),

@@ -56,9 +56,10 @@ const SUCCEEDED_TASK_STATES = ['succeeded', 'cancelled', 'skipped'] as const;
 // first. SKIP LOCKED lets two retention calls run at once without waiting on
 // each other; the state is checked again on the locked row. The ORDER BY
 // (oldest first) keeps every plan on that index: without it, a plan made
-// without the cutoff's value (a generic plan, as the worker's connections
-// use) read the table from its start until it found enough rows, the whole
-// of the history when nothing is old enough (test/generic-plans.test.ts).
+// without the cutoff's value (a generic plan, which Postgres may choose for a
+// prepared statement by itself) read the table from its start until it found
+// enough rows, the whole of the history when nothing is old enough
+// (test/generic-plans.test.ts).
 const DELETE_TASKS = `
 WITH doomed AS (
   SELECT id FROM outlive.tasks

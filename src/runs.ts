@@ -143,32 +143,41 @@ export async function startRun(tx: Transactional, name: string, steps: Record<st
 /** The one statement that writes a run: checks the graph and throws before anything is sent. */
 export function startRunStatement(name: string, steps: Record<string, Step>): { text: string; values: unknown[] } {
   checkStepName(name, 'startRun: run name');
-  const where = `startRun "${name}"`;
-  const prepared = prepareGraph(where, steps);
+  const prepared = prepareGraph(`startRun "${name}"`, steps);
+  const { children, parents } = stepEdges(prepared);
+  return {
+    text: START_RUN_SQL,
+    values: [name, prepared.length, ...stepColumns(prepared), prepared.map((p) => p.after.length), children, parents],
+  };
+}
+
+/**
+ * The columns of steps as the statements that insert them take them, one
+ * array each: step, name, queue, priority, max attempts, timeout, run at,
+ * input.
+ */
+export function stepColumns(steps: readonly PreparedStep[]): unknown[][] {
+  return [
+    steps.map((s) => s.step),
+    steps.map((s) => s.name),
+    steps.map((s) => s.queue),
+    steps.map((s) => s.priority),
+    steps.map((s) => s.maxAttempts),
+    steps.map((s) => s.timeoutMs),
+    steps.map((s) => s.runAt),
+    steps.map((s) => s.input),
+  ];
+}
+
+/** The edges of steps as two parallel arrays: each `children[i]` waits for `parents[i]`. */
+export function stepEdges(steps: readonly PreparedStep[]): { children: string[]; parents: string[] } {
   const children: string[] = [];
   const parents: string[] = [];
-  for (const p of prepared) {
-    for (const dep of p.after) {
-      children.push(p.step);
+  for (const s of steps) {
+    for (const dep of s.after) {
+      children.push(s.step);
       parents.push(dep);
     }
   }
-  return {
-    text: START_RUN_SQL,
-    values: [
-      name,
-      prepared.length,
-      prepared.map((p) => p.step),
-      prepared.map((p) => p.name),
-      prepared.map((p) => p.queue),
-      prepared.map((p) => p.priority),
-      prepared.map((p) => p.maxAttempts),
-      prepared.map((p) => p.timeoutMs),
-      prepared.map((p) => p.runAt),
-      prepared.map((p) => p.input),
-      prepared.map((p) => p.after.length),
-      children,
-      parents,
-    ],
-  };
+  return { children, parents };
 }

@@ -215,13 +215,17 @@ export async function settle(pool: PoolLike, owner: string, outcomes: readonly O
 /** Settles one batch: one statement where it can, else a transaction with the run knock-ons. */
 async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
   if (outcomes.every((o) => o.runId === null)) {
-    const dropped = outcomes.filter((o) => o.state === 'succeeded' && o.drop);
+    const dropped: string[] = [];
+    const kept: Outcome[] = [];
+    for (const o of outcomes) {
+      if (o.state === 'succeeded' && o.drop) dropped.push(o.id);
+      else kept.push(o);
+    }
     if (dropped.length === 0) return settleRows(toExecutor(pool), owner, outcomes, now);
-    const drop = (db: Executor) => db.query<SettledRow>(DROP_SQL, [dropped.map((o) => o.id), owner], 'outlive_drop');
-    if (dropped.length === outcomes.length) return drop(toExecutor(pool));
+    const drop = (db: Executor) => db.query<SettledRow>(DROP_SQL, [dropped, owner], 'outlive_drop');
+    if (kept.length === 0) return drop(toExecutor(pool));
     // Both kinds in one batch: one transaction, so that a batch the database
     // refuses is retried outcome by outcome with nothing half written.
-    const kept = outcomes.filter((o) => !(o.state === 'succeeded' && o.drop));
     return inTransaction(pool, async (db) => (await drop(db)).concat(await settleRows(db, owner, kept, now)));
   }
   if (outcomes.every((o) => o.state !== 'failed' && !(o.state === 'succeeded' && o.spawns?.length))) {

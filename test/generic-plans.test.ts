@@ -34,8 +34,9 @@ const db = await freshDb();
 // node-postgres' own conversion of a parameter to its text form.
 const { prepareValue } = createRequire(import.meta.url)('pg/lib/utils.js') as { prepareValue: (v: unknown) => string | null };
 
-// Every statement the engine sends through node-postgres in this file, by text.
+// Every statement the engine sends through node-postgres while recording, by text.
 const seen = new Map<string, unknown[]>();
+let recording = false;
 const query = pg.Client.prototype.query;
 pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
   const [first, second] = args as [unknown, unknown];
@@ -47,7 +48,6 @@ pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
 afterAll(() => {
   pg.Client.prototype.query = query;
 });
-let recording = false;
 
 const T0 = new Date('2026-03-01T12:00:00Z');
 const at = (ms: number) => new Date(T0.getTime() + ms);
