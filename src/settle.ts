@@ -21,6 +21,9 @@ export interface SettledRow extends RunRow {
 // Under load this folds the settles of every task that finished while the
 // previous settle was in flight into one round trip and one commit. Outputs
 // and errors are JSON text, cast row by row (see INSERT_TASKS in enqueue.ts).
+// The planner may find the rows through tasks_lease_idx, which is keyed by
+// lease owner first (migration 0008), so a settle reads its own pass's
+// running rows there, never every pass's (test/settle.test.ts, "settle plans").
 export const SETTLE_SQL = `
 UPDATE outlive.tasks t
 SET state = (CASE WHEN s.state = 'released' THEN 'pending' ELSE s.state END)::outlive.task_state,

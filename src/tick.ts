@@ -126,7 +126,7 @@ export class LeaseLostError extends Error {
 
 // The heartbeat: extends the leases this pass still holds (a compare-and-set
 // on state and owner) and returns the ids it no longer holds.
-const HEARTBEAT_SQL = `
+export const HEARTBEAT_SQL = `
 WITH held AS (
   UPDATE outlive.tasks
   SET lease_expires_at = greatest(lease_expires_at, coalesce($3::timestamptz, now()) + (least(timeout_ms, $4) + $5) * interval '1 millisecond')
