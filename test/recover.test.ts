@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { defineTask, enqueue, recover, tick } from '../src/index.js';
+import { defineTask, enqueue, recover, startRun, step, tick } from '../src/index.js';
 import { RECOVER_SQL } from '../src/recover.js';
 import { SETTLE_SQL } from '../src/settle.js';
 import { freshDb } from './support/db.js';
@@ -68,6 +68,42 @@ describe('recover', () => {
     const report = await tick(db.pool, { tasks: [t], now: at(1) });
     expect(report.recovered).toBe(1);
     expect(await taskRow(db.pool, id)).toMatchObject({ state: 'failed', attempts: 1 });
+  });
+
+  it('runs beside the pass’s first claim: a task ready now starts while recovery waits on a lock', async () => {
+    await clear();
+    // A run whose only step died with no attempts left: recovering it fails the
+    // step and then its run, and the test holds the run's row locked.
+    const doomed = defineTask({ name: 'doomed', input: z.object({}), retry: { maxAttempts: 1 }, run: () => 'never' });
+    const run = await startRun(db.pool, 'locked-run', { only: step(doomed, {}) });
+    await db.pool.query(`UPDATE outlive.tasks SET state = 'running', attempts = 1, lease_owner = 'dead', lease_expires_at = $2 WHERE id = $1`, [
+      run.tasks.only,
+      at(0),
+    ]);
+    const g = gatedTask('ready-now');
+    const { id } = await enqueue(db.pool, g.task, {}, { runAt: T0 });
+    const locker = await db.pool.connect();
+    try {
+      await locker.query('BEGIN');
+      await locker.query('SELECT 1 FROM outlive.runs WHERE id = $1 FOR UPDATE', [run.id]);
+      const pass = tick(db.pool, { tasks: [g.task, doomed], now: at(1) });
+      // Recovery cannot commit while the run's row is locked; the ready task
+      // starts anyway. (Run before the claim, recovery held it back: this wait
+      // would end on its 5 s bound with nothing started.)
+      const bound = Date.now() + 5_000;
+      while (g.started.length === 0 && Date.now() < bound) await new Promise((r) => setTimeout(r, 5));
+      expect(g.started).toEqual([`${id}#1`]);
+      expect((await db.pool.query(`SELECT state FROM outlive.tasks WHERE id = $1`, [run.tasks.only])).rows[0].state).toBe('running');
+      await locker.query('COMMIT');
+      g.gates.forEach((open) => open());
+      const report = await pass;
+      expect(report).toMatchObject({ claimed: 1, succeeded: 1, recovered: 1 });
+    } finally {
+      await locker.query('ROLLBACK').catch(() => undefined);
+      locker.release();
+    }
+    expect(await taskRow(db.pool, run.tasks.only!)).toMatchObject({ state: 'failed' });
+    expect((await db.pool.query(`SELECT state FROM outlive.runs WHERE id = $1`, [run.id])).rows[0].state).toBe('failed');
   });
 
   it('drops a late settle after the lease was lost: the later attempt’s result stands', async () => {
