@@ -91,11 +91,8 @@ for (let round = 1; round <= rounds; round++) {
       const owner = `loop:${k}`;
       for (;;) {
         let before = cpuNs(pid);
-        const { rows } = await client.query<{ id: string }>({
-          name: 'claim',
-          text: CLAIM_SQL,
-          values: [null, 30_000, null, batch, owner, 5_000, 30_000],
-        });
+        // Unnamed, as the worker sends it (src/claim.ts): planned every time.
+        const { rows } = await client.query<{ id: string }>(CLAIM_SQL, [null, 30_000, null, batch, owner, 5_000, 30_000]);
         claimNs += cpuNs(pid) - before;
         claims++;
         if (rows.length === 0) return;
