@@ -258,9 +258,11 @@ export function createWorker(options: WorkerOptions): Worker {
       again = false;
       let report: TickReport;
       // Recovery hands back leases that expired; one run per poll interval
-      // finds them soon enough, and a pass woken by a notification starts its
-      // claim a round trip sooner without it (p50 enqueue-to-start went from
-      // 10.0 to 7.5 ms in scripts/worker-latency.ts when it was dropped).
+      // finds them soon enough, without three more round trips (and a
+      // connection) for every pass. The pass runs it beside its first claim,
+      // so a woken pass does not wait for it (src/tick.ts). (Before it ran
+      // beside the claim, dropping it from most passes took p50
+      // enqueue-to-start from 10.0 to 7.5 ms in scripts/worker-latency.ts.)
       const recover = performance.now() - lastRecover >= pollIntervalMs;
       if (recover) lastRecover = performance.now();
       try {
