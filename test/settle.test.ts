@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { ConfigError, defineTask, enqueue, NonRetriableError, RetryAfterError, startRun, step, tick } from '../src/index.js';
 import { claim } from '../src/claim.js';
-import { toExecutor } from '../src/executor.js';
+import { toExecutor, type PoolLike } from '../src/executor.js';
 import { DROP_SQL, settle, SETTLE_RUN_TASKS_SQL, SETTLE_SQL, SUCCEED_RUN_TASKS_SQL, SUCCEED_SQL } from '../src/settle.js';
 import { HEARTBEAT_SQL } from '../src/tick.js';
 import { freshDb } from './support/db.js';
@@ -14,6 +14,16 @@ const at = (ms: number) => new Date(T0.getTime() + ms);
 
 async function clear() {
   await db.pool.query('DELETE FROM outlive.tasks');
+}
+
+/** Rows of outlive.tasks that an EXPLAIN ANALYZE plan's scans read: returned, or read and filtered out. */
+function tasksRowsRead(node: Record<string, unknown>): number {
+  let rows = 0;
+  if (node['Relation Name'] === 'tasks' && node['Node Type'] !== 'ModifyTable') {
+    rows += (Number(node['Actual Rows'] ?? 0) + Number(node['Rows Removed by Filter'] ?? 0)) * Number(node['Actual Loops'] ?? 1);
+  }
+  for (const child of (node['Plans'] as Record<string, unknown>[] | undefined) ?? []) rows += tasksRowsRead(child);
+  return rows;
 }
 
 describe('settle', () => {
@@ -357,15 +367,7 @@ describe('settle plans', () => {
           const [{ 'QUERY PLAN': [plan] }] = (await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE own_rows(${args})`).catch((e) => { throw new Error(`${name} ${mode}: ${e.message}`); })).rows;
           await client.query('ROLLBACK');
           await client.query('DEALLOCATE own_rows');
-          // Rows of outlive.tasks that the plan's scans read: returned, or read and filtered out.
-          let rows = 0;
-          const walk = (node: Record<string, unknown>): void => {
-            if (node['Relation Name'] === 'tasks' && node['Node Type'] !== 'ModifyTable') {
-              rows += (Number(node['Actual Rows'] ?? 0) + Number(node['Rows Removed by Filter'] ?? 0)) * Number(node['Actual Loops'] ?? 1);
-            }
-            ((node['Plans'] as Record<string, unknown>[] | undefined) ?? []).forEach(walk);
-          };
-          walk(plan['Plan']);
+          const rows = tasksRowsRead(plan['Plan']);
           if (rows > 50) read.push(`${name} (${mode}): ${rows} rows`);
         }
       }
@@ -376,5 +378,68 @@ describe('settle plans', () => {
       client.release();
     }
     expect(read).toEqual([]);
+  });
+
+  // The settles are named statements, and a worker that starts on an empty
+  // queue makes its first ones on a table of a few rows, with no statistics
+  // yet. After five runs Postgres caches a generic plan, made for that
+  // table, and keeps it as a burst arrives until an ANALYZE replaces it (the
+  // claim, once named too, was caught this way: ~1 s a claim of 500). The
+  // settles' cached plans must still find the pass's own rows by its lease
+  // owner, not read the other passes' running rows or the whole table.
+  it('cached as generic plans while the table was nearly empty, still read only their own rows after a burst', async () => {
+    const fresh = await freshDb();
+    const client = await fresh.pool.connect();
+    // Every settle on this one connection, so its named statements count their runs.
+    const query = client.query.bind(client) as PoolLike['query'];
+    const one: PoolLike = { query, connect: async () => ({ query, release: () => undefined }) };
+    const exec = toExecutor(client);
+    const request = { owner: 'pass', maxTimeoutMs: 60_000, queues: null, leaseGraceMs: 1_000, leaseMs: 30_000, now: null };
+    const error = { attempt: 1, at: T0.toISOString(), name: 'Error', message: 'again' };
+    try {
+      for (let i = 0; i < 12; i++) {
+        await client.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) SELECT 'idle', '{}', 3, 1000 FROM generate_series(1, 3)`);
+        const [a, b, c] = await claim(exec, { ...request, limit: 3 });
+        expect(await settle(one, 'pass', [{ id: a!.id, runId: null, state: 'succeeded', output: null }], null)).toHaveLength(1);
+        expect(await settle(one, 'pass', [{ id: b!.id, runId: null, state: 'succeeded', output: null, drop: true }], null)).toHaveLength(1);
+        expect(await settle(one, 'pass', [{ id: c!.id, runId: null, state: 'pending', retryAt: null, delayMs: 60_000, error }], null)).toHaveLength(1);
+      }
+      const { rows: cached } = await client.query<{ name: string; generic: number }>(
+        `SELECT name, generic_plans::int AS generic FROM pg_prepared_statements WHERE name LIKE 'outlive_%' ORDER BY name`,
+      );
+      // The premise: each settle statement has been running its cached generic plan.
+      expect(cached.map((s) => s.name)).toEqual(['outlive_drop', 'outlive_settle', 'outlive_succeed']);
+      for (const s of cached) expect(s.generic).toBeGreaterThan(0);
+
+      // The burst: 20,000 rows running under other passes, 20,000 ready.
+      await client.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) SELECT 'burst', '{}', 3, 1000 FROM generate_series(1, 40000)`);
+      await client.query(`UPDATE outlive.tasks SET state = 'running', attempts = 1, lease_owner = 'other', lease_expires_at = now() + interval '1 hour'
+                          WHERE id IN (SELECT id FROM outlive.tasks WHERE state = 'pending' ORDER BY id DESC LIMIT 20000)`);
+      const mine = await claim(exec, { ...request, limit: 500 });
+      expect(mine).toHaveLength(500);
+      const list = (f: (id: string) => string) => `'{${mine.map((t) => f(t.id)).join(',')}}'`;
+      const ids = list((id) => id);
+      const nulls = list(() => 'null');
+      const args: Record<string, string> = {
+        outlive_succeed: `NULL, ${ids}, ${nulls}, 'pass'`,
+        outlive_drop: `${ids}, 'pass'`,
+        outlive_settle: `NULL, ${ids}, ${list(() => 'succeeded')}, ${nulls}, ${nulls}, ${list(() => '0')}, ${nulls}, 'pass'`,
+      };
+      const read: string[] = [];
+      for (const [name, values] of Object.entries(args)) {
+        await client.query('BEGIN');
+        // EXECUTE runs the statement the protocol prepared, with its cached plan.
+        const [{ 'QUERY PLAN': [plan] }] = (await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE ${name}(${values})`)).rows;
+        await client.query('ROLLBACK');
+        const rows = tasksRowsRead(plan['Plan']);
+        if (rows > 600) read.push(`${name}: ${rows} rows`);
+      }
+      expect(read).toEqual([]);
+      // And the settle itself, through the same cached plan.
+      expect(await settle(one, 'pass', mine.map((t) => ({ id: t.id, runId: null, state: 'succeeded' as const, output: null })), null)).toHaveLength(500);
+    } finally {
+      await client.query('ROLLBACK');
+      client.release();
+    }
   });
 });
