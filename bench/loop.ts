@@ -2,7 +2,7 @@
  * `npx tsx loop.ts [--clients K] [--batch B] [--tasks N] [--others M] [--rounds R] [--settle keep|drop|history]`
  *
  * A closer look than the harness's phases: K connections run outlive's claim
- * and settle statements (CLAIM_SQL, SUCCEED_SQL) back to back over N pending
+ * and settle statements (outlive.claim, SUCCEED_SQL) back to back over N pending
  * tasks, B at a time, with no worker, no handler and no Node.js work in
  * between, and the Postgres CPU of each statement is read from
  * /proc/<pid>/schedstat of its backend just before and after it. `--others M`
@@ -25,7 +25,7 @@
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import pg from 'pg';
-import { CLAIM_SQL } from '../src/claim.ts';
+import { CLAIM_CALL_SQL } from '../src/claim.ts';
 import { migrate } from '../src/migrate.ts';
 import { DROP_SQL, SUCCEED_SQL } from '../src/settle.ts';
 import { Admin, urlFor } from './lib/postgres.ts';
@@ -120,8 +120,8 @@ for (let round = 1; round <= rounds; round++) {
       const owner = `loop:${k}`;
       for (;;) {
         let before = cpuNs(pid);
-        // Unnamed, as the worker sends it (src/claim.ts): planned every time.
-        const { rows } = await client.query<{ id: string }>(CLAIM_SQL, [null, 30_000, null, batch, owner, 5_000, 30_000]);
+        // As the worker sends it (src/claim.ts): a prepared call of outlive.claim.
+        const { rows } = await client.query<{ id: string }>({ name: 'outlive_claim', text: CLAIM_CALL_SQL, values: [null, 30_000, null, batch, owner, 5_000, 30_000] });
         claimNs += cpuNs(pid) - before;
         claims++;
         if (rows.length === 0) return;

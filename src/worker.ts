@@ -436,11 +436,13 @@ export function createWorker(options: WorkerOptions): Worker {
         pool.on('error', (err) => log.warn(`outlive worker: a pooled connection failed: ${err.message}`));
       }
       const [found] = (
-        await pool.query<{ tasks: string | null; schedules: string | null }>(
-          `SELECT to_regclass('outlive.tasks')::text AS tasks, to_regclass('outlive.schedules')::text AS schedules`,
+        await pool.query<{ tasks: string | null; schedules: string | null; claim: string | null }>(
+          `SELECT to_regclass('outlive.tasks')::text AS tasks, to_regclass('outlive.schedules')::text AS schedules,
+                  to_regproc('outlive.claim')::text AS claim`,
         )
       ).rows;
       if (!found?.tasks) throw new ConfigError('outlive: the database has no outlive tables: run migrate() on it first');
+      if (!found.claim) throw new ConfigError('outlive: the database has no outlive.claim function: run migrate() to bring it up to date');
       if (schedules.length > 0 && !found.schedules) {
         throw new ConfigError('outlive: the database has no outlive.schedules table: run migrate() to bring it up to date');
       }

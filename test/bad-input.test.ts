@@ -17,6 +17,7 @@ import { z } from 'zod';
 import {
   cancelRun,
   ConfigError,
+  createWorker,
   defineSchedule,
   defineTask,
   enqueue,
@@ -301,11 +302,11 @@ describe('schemas that are missing or old', () => {
     return pool;
   }
 
-  it('a tick against a database without the schema fails with the missing relation named, and writes nothing', async () => {
+  it('a tick against a database without the schema fails with what is missing named, and writes nothing', async () => {
     const pool = await emptyDatabase('noschema');
     const err = await tick(pool, { tasks: [job], budgetMs: 20_000 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(PassError);
-    expect((err as Error).message).toMatch(/relation "outlive\.tasks" does not exist/);
+    expect((err as Error).message).toMatch(/schema "outlive" does not exist/);
     const enqueueErr = await enqueue(pool, job, { n: 1 }).catch((e: unknown) => e);
     expect((enqueueErr as Error).message).toMatch(/relation "outlive\.tasks" does not exist/);
     expect((await pool.query(`SELECT count(*)::int AS n FROM pg_namespace WHERE nspname = 'outlive'`)).rows[0].n).toBe(0);
@@ -335,5 +336,17 @@ describe('schemas that are missing or old', () => {
     expect((await pool.query(`SELECT to_regclass('outlive.schedules') AS s, to_regclass('outlive.used_nonces') AS u`)).rows[0]).toEqual({ s: 'outlive.schedules', u: 'outlive.used_nonces' });
     const report = await tick(pool, { tasks: [job], budgetMs: 20_000 });
     expect(report).toMatchObject({ claimed: 1, succeeded: 1 });
+  });
+
+  it('a tick or a worker on a schema from before outlive.claim (migration 0009) says to run migrate(), and claims nothing', async () => {
+    const old = await freshDb();
+    await old.pool.query('DROP FUNCTION outlive.claim');
+    const { id } = await enqueue(old.pool, job, { n: 1 });
+    const err = await tick(old.pool, { tasks: [job], budgetMs: 20_000 }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(PassError);
+    expect((err as Error).message).toMatch(/function outlive\.claim\(.*\) does not exist: the outlive schema is older than this code; run migrate\(\)/);
+    const worker = createWorker({ connectionString: old.url, tasks: [job], logger: { info: () => undefined, warn: () => undefined, error: () => undefined } });
+    await expect(worker.start()).rejects.toThrow(new ConfigError('outlive: the database has no outlive.claim function: run migrate() to bring it up to date'));
+    expect((await old.pool.query(`SELECT state::text FROM outlive.tasks WHERE id = $1`, [id])).rows[0].state).toBe('pending');
   });
 });

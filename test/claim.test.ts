@@ -15,7 +15,9 @@ describe('claim', () => {
   // arrives. A claim prepared as a named statement had, by then, switched to
   // the generic plan Postgres made for the empty table: a scan of the whole
   // table joined to the claimed rows by comparing every pair (~1 s a claim
-  // of 500 among 20,000).
+  // of 500 among 20,000). The claim is prepared again since migration 0009,
+  // as a call of outlive.claim, whose generic plan must be the index plan
+  // even when made on an empty table.
   it('claims a burst that follows an idle spell by index, not by scanning the table once per row', async () => {
     const fresh = await freshDb();
     const client = await fresh.pool.connect();
@@ -133,6 +135,48 @@ describe('claim', () => {
       expect(plan).not.toMatch(/Seq Scan on tasks/);
     } finally {
       client.release();
+    }
+  });
+
+  it('runs CLAIM_SQL, character for character, inside outlive.claim', async () => {
+    const { CLAIM_SQL } = await import('../src/claim.js');
+    const [fn] = await db.rows<{ src: string; config: string[] }>(
+      `SELECT prosrc AS src, proconfig AS config FROM pg_proc WHERE oid = 'outlive.claim'::regproc`,
+    );
+    expect(fn!.src).toContain(CLAIM_SQL.trimEnd());
+    expect(fn!.config).toEqual(['plan_cache_mode=force_generic_plan', 'enable_seqscan=off']);
+  });
+
+  // The plan outlive.claim makes, generic and with sequential scans priced
+  // out, planned here the same way on tables of every size the planner might
+  // see first: empty and never analyzed, a few rows, many.
+  it('plans the claim by index on an empty table, a small one and a big one', async () => {
+    const fresh = await freshDb();
+    const { CLAIM_SQL } = await import('../src/claim.js');
+    const client = await fresh.pool.connect();
+    const plans: string[] = [];
+    try {
+      for (const rows of [0, 3, 20_000]) {
+        if (rows > 0) await client.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) SELECT 'n', '{}', 3, 1000 FROM generate_series(1, $1::int)`, [rows]);
+        if (rows === 3) await client.query('ANALYZE outlive.tasks');
+        await client.query('BEGIN');
+        await client.query('SET LOCAL plan_cache_mode = force_generic_plan');
+        await client.query('SET LOCAL enable_seqscan = off');
+        await client.query(`PREPARE claim_plan AS ${CLAIM_SQL}`);
+        const plan = (await client.query(`EXPLAIN EXECUTE claim_plan(NULL, 60000, NULL, 500, 'explain', 1000, 30000)`)).rows
+          .map((r) => r['QUERY PLAN'])
+          .join('\n');
+        await client.query('DEALLOCATE claim_plan');
+        await client.query('ROLLBACK');
+        plans.push(`${rows} rows:\n${plan}`);
+      }
+    } finally {
+      client.release();
+    }
+    for (const plan of plans) {
+      expect(plan).toMatch(/Index Scan using tasks_claim_idx/);
+      expect(plan).toMatch(/Index Scan using tasks_pkey on tasks t/);
+      expect(plan).not.toMatch(/Seq Scan/);
     }
   });
 });

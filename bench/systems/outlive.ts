@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import type PgModule from 'pg';
 import { z } from 'zod';
 import * as outlive from '../../src/index.ts';
-import { CLAIM_SQL } from '../../src/claim.ts';
+import { CLAIM_CALL_SQL, CLAIM_SQL } from '../../src/claim.ts';
 import type { Driver, Payload, WorkerSettings } from './protocol.ts';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -178,7 +178,8 @@ export interface ClaimTimeResult {
 }
 
 /**
- * Times `CLAIM_SQL` (src/claim.ts) on a table holding `finished` succeeded
+ * Times the claim as a worker sends it (a call of `outlive.claim`, whose body
+ * is `CLAIM_SQL` of src/claim.ts) on a table holding `finished` succeeded
  * rows and `pending` ready rows, written directly with generate_series (the
  * rows are what enqueue and settle would leave; writing them through the API
  * would take minutes and measure something else).
@@ -215,8 +216,14 @@ export async function claimTime(url: string, s: ClaimTimeSettings): Promise<Clai
     const client = await pool.connect();
     let plan = '';
     try {
+      // The plan outlive.claim runs: CLAIM_SQL planned generically, with
+      // sequential scans priced out (the function's settings, migration 0009).
       await client.query('BEGIN');
-      const explained = await client.query(`EXPLAIN (ANALYZE, BUFFERS) ${CLAIM_SQL}`, params('bench:explain'));
+      await client.query('SET LOCAL plan_cache_mode = force_generic_plan');
+      await client.query('SET LOCAL enable_seqscan = off');
+      await client.query(`PREPARE bench_claim AS ${CLAIM_SQL}`);
+      const values = params('bench:explain').map((v) => (v === null ? 'NULL' : typeof v === 'string' ? `'${v}'` : String(v)));
+      const explained = await client.query(`EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim(${values.join(', ')})`);
       plan = explained.rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
       await client.query('ROLLBACK');
     } finally {
@@ -225,7 +232,7 @@ export async function claimTime(url: string, s: ClaimTimeSettings): Promise<Clai
     const timesMs: number[] = [];
     for (let k = 0; k < s.reps; k++) {
       const started = performance.now();
-      await pool.query(CLAIM_SQL, params(`bench:${k}`));
+      await pool.query({ name: 'outlive_claim', text: CLAIM_CALL_SQL, values: params(`bench:${k}`) });
       timesMs.push(performance.now() - started);
     }
     const ms = (label: string) => {
