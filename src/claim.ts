@@ -100,9 +100,21 @@ export const CLAIM_CALL_SQL = 'SELECT * FROM outlive.claim($1, $2, $3, $4, $5, $
 /** Claims up to `limit` ready tasks in one statement, marking them running under `owner`'s lease. */
 export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTask[]> {
   if (req.limit <= 0) return [];
-  return db.query<ClaimedTask>(
-    CLAIM_CALL_SQL,
-    [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs, req.leaseMs],
-    'outlive_claim',
-  );
+  try {
+    return await db.query<ClaimedTask>(
+      CLAIM_CALL_SQL,
+      [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs, req.leaseMs],
+      'outlive_claim',
+    );
+  } catch (err) {
+    // A database migrated before 0009 has every table and no outlive.claim.
+    if ((err as { code?: string }).code === UNDEFINED_FUNCTION) {
+      throw Object.assign(new Error(`${(err as Error).message}: the outlive schema is older than this code; run migrate() to bring it up to date`, { cause: err }), {
+        code: UNDEFINED_FUNCTION,
+      });
+    }
+    throw err;
+  }
 }
+
+const UNDEFINED_FUNCTION = '42883';
