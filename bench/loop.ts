@@ -25,7 +25,8 @@
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import pg from 'pg';
-import { CLAIM_CALL_SQL } from '../src/claim.ts';
+import { claim } from '../src/claim.ts';
+import { toExecutor } from '../src/executor.ts';
 import { migrate } from '../src/migrate.ts';
 import { DROP_SQL, SUCCEED_SQL } from '../src/settle.ts';
 import { Admin, urlFor } from './lib/postgres.ts';
@@ -118,10 +119,11 @@ for (let round = 1; round <= rounds; round++) {
   await Promise.all(
     conns.map(async ({ client, pid }, k) => {
       const owner = `loop:${k}`;
+      const exec = toExecutor(client);
       for (;;) {
         let before = cpuNs(pid);
-        // As the worker sends it (src/claim.ts): a prepared call of outlive.claim.
-        const { rows } = await client.query<{ id: string }>({ name: 'outlive_claim', text: CLAIM_CALL_SQL, values: [null, 30_000, null, batch, owner, 5_000, 30_000] });
+        // As the worker sends it: a prepared call of outlive.claim.
+        const rows = await claim(exec, { owner, limit: batch, maxTimeoutMs: 30_000, queues: null, leaseGraceMs: 5_000, leaseMs: 30_000, now: null });
         claimNs += cpuNs(pid) - before;
         claims++;
         if (rows.length === 0) return;

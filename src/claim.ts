@@ -95,7 +95,10 @@ RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.ti
  * sequential scans priced out, so it is the index plan on a table of any
  * size (test/claim.test.ts claims such a burst and counts rows scanned).
  */
-export const CLAIM_CALL_SQL = 'SELECT * FROM outlive.claim($1, $2, $3, $4, $5, $6, $7)';
+const CLAIM_CALL_SQL = 'SELECT * FROM outlive.claim($1, $2, $3, $4, $5, $6, $7)';
+
+/** Postgres's error code for a call of a function that does not exist. */
+const UNDEFINED_FUNCTION = '42883';
 
 /** Claims up to `limit` ready tasks in one statement, marking them running under `owner`'s lease. */
 export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTask[]> {
@@ -116,5 +119,3 @@ export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTas
     throw err;
   }
 }
-
-const UNDEFINED_FUNCTION = '42883';

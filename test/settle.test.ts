@@ -26,6 +26,19 @@ function tasksRowsRead(node: Record<string, unknown>): number {
   return rows;
 }
 
+/** SQL literals of the parameters with which the settle statements (and the heartbeat) settle `tasks` as successes under `owner`. */
+function settleArgs(tasks: readonly { id: string }[], owner: string) {
+  const list = (f: (id: string) => string) => `'{${tasks.map((t) => f(t.id)).join(',')}}'`;
+  const ids = list((id) => id);
+  const nulls = list(() => 'null');
+  return {
+    succeed: `NULL, ${ids}, ${nulls}, '${owner}'`,
+    settle: `NULL, ${ids}, ${list(() => 'succeeded')}, ${nulls}, ${nulls}, ${list(() => '0')}, ${nulls}, '${owner}'`,
+    drop: `${ids}, '${owner}'`,
+    heartbeat: `${ids}, '${owner}', NULL, 30000, 5000`,
+  };
+}
+
 describe('settle', () => {
   it('retries with exponential backoff from the row, then fails for good keeping every error', async () => {
     await clear();
@@ -274,7 +287,6 @@ describe('keepSucceeded: false', () => {
 });
 
 describe('settle plans', () => {
-
   // A settle joins the batch (arrays unnested) to its rows. Prepared
   // statements switch to a generic plan after a few runs, which sees the
   // arrays as 10 rows. A plan that rescans the unnested batch once per row
@@ -349,15 +361,13 @@ describe('settle plans', () => {
     try {
       const mine = await claim(toExecutor(client), { owner: 'mine', limit: 5, maxTimeoutMs: 60_000, queues: null, leaseGraceMs: 5_000, leaseMs: 60_000, now: null });
       expect(mine).toHaveLength(5);
-      const list = (f: (id: string) => string) => `'{${mine.map((t) => f(t.id)).join(',')}}'`;
-      const ids = list((id) => id);
-      const nulls = list(() => 'null');
+      const a = settleArgs(mine, 'mine');
       const statements: [string, string, string][] = [
-        ['SUCCEED_SQL', SUCCEED_SQL, `NULL, ${ids}, ${nulls}, 'mine'`],
-        ['SETTLE_SQL', SETTLE_SQL, `NULL, ${ids}, ${list(() => 'succeeded')}, ${nulls}, ${nulls}, ${list(() => '0')}, ${nulls}, 'mine'`],
-        ['SUCCEED_RUN_TASKS_SQL', SUCCEED_RUN_TASKS_SQL, `NULL, ${ids}, ${nulls}, 'mine'`],
-        ['DROP_SQL', DROP_SQL, `${ids}, 'mine'`],
-        ['HEARTBEAT_SQL', HEARTBEAT_SQL, `${ids}, 'mine', NULL, 30000, 5000`],
+        ['SUCCEED_SQL', SUCCEED_SQL, a.succeed],
+        ['SETTLE_SQL', SETTLE_SQL, a.settle],
+        ['SUCCEED_RUN_TASKS_SQL', SUCCEED_RUN_TASKS_SQL, a.succeed],
+        ['DROP_SQL', DROP_SQL, a.drop],
+        ['HEARTBEAT_SQL', HEARTBEAT_SQL, a.heartbeat],
       ];
       for (const mode of ['force_custom_plan', 'force_generic_plan']) {
         await client.query(`SET plan_cache_mode = ${mode}`);
@@ -417,14 +427,8 @@ describe('settle plans', () => {
                           WHERE id IN (SELECT id FROM outlive.tasks WHERE state = 'pending' ORDER BY id DESC LIMIT 20000)`);
       const mine = await claim(exec, { ...request, limit: 500 });
       expect(mine).toHaveLength(500);
-      const list = (f: (id: string) => string) => `'{${mine.map((t) => f(t.id)).join(',')}}'`;
-      const ids = list((id) => id);
-      const nulls = list(() => 'null');
-      const args: Record<string, string> = {
-        outlive_succeed: `NULL, ${ids}, ${nulls}, 'pass'`,
-        outlive_drop: `${ids}, 'pass'`,
-        outlive_settle: `NULL, ${ids}, ${list(() => 'succeeded')}, ${nulls}, ${nulls}, ${list(() => '0')}, ${nulls}, 'pass'`,
-      };
+      const a = settleArgs(mine, 'pass');
+      const args: Record<string, string> = { outlive_succeed: a.succeed, outlive_drop: a.drop, outlive_settle: a.settle };
       const read: string[] = [];
       for (const [name, values] of Object.entries(args)) {
         await client.query('BEGIN');

@@ -376,8 +376,8 @@ interface ClaimTimeResult {
 
 /**
  * outlive only: the time of one claim as a worker sends it (a call of
- * outlive.claim, whose body is CLAIM_SQL of src/claim.ts; 10 tasks) with 1,000,000 finished rows in the table, and with 100,000
- * pending ones.
+ * outlive.claim, whose body is CLAIM_SQL of src/claim.ts; 10 tasks) with
+ * 1,000,000 finished rows in the table, and with 100,000 pending ones.
  */
 export async function claim(ctx: Context, system: SystemName): Promise<PhaseResult> {
   const s = ctx.sizes;

@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import type PgModule from 'pg';
 import { z } from 'zod';
 import * as outlive from '../../src/index.ts';
-import { CLAIM_CALL_SQL, CLAIM_SQL } from '../../src/claim.ts';
+import { claim, CLAIM_SQL } from '../../src/claim.ts';
 import type { Driver, Payload, WorkerSettings } from './protocol.ts';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -212,7 +212,7 @@ export async function claimTime(url: string, s: ClaimTimeSettings): Promise<Clai
     await pool.query('VACUUM ANALYZE outlive.tasks');
     const fillMs = performance.now() - fillStarted;
 
-    const params = (owner: string) => [null, 30_000, null, s.limit, owner, 5_000, 30_000];
+    const request = (owner: string) => ({ owner, limit: s.limit, maxTimeoutMs: 30_000, queues: null, leaseGraceMs: 5_000, leaseMs: 30_000, now: null });
     const client = await pool.connect();
     let plan = '';
     try {
@@ -222,17 +222,17 @@ export async function claimTime(url: string, s: ClaimTimeSettings): Promise<Clai
       await client.query('SET LOCAL plan_cache_mode = force_generic_plan');
       await client.query('SET LOCAL enable_seqscan = off');
       await client.query(`PREPARE bench_claim AS ${CLAIM_SQL}`);
-      const values = params('bench:explain').map((v) => (v === null ? 'NULL' : typeof v === 'string' ? `'${v}'` : String(v)));
-      const explained = await client.query(`EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim(${values.join(', ')})`);
+      const explained = await client.query(`EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim(NULL, 30000, NULL, ${s.limit}, 'bench:explain', 5000, 30000)`);
       plan = explained.rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
       await client.query('ROLLBACK');
+      await client.query('DEALLOCATE bench_claim');
     } finally {
       client.release();
     }
     const timesMs: number[] = [];
     for (let k = 0; k < s.reps; k++) {
       const started = performance.now();
-      await pool.query({ name: 'outlive_claim', text: CLAIM_CALL_SQL, values: params(`bench:${k}`) });
+      await claim(outlive.toExecutor(pool), request(`bench:${k}`));
       timesMs.push(performance.now() - started);
     }
     const ms = (label: string) => {
