@@ -1,5 +1,5 @@
 /**
- * `npx tsx loop.ts [--clients K] [--batch B] [--tasks N] [--others M] [--rounds R] [--settle keep|drop|history]`
+ * `npx tsx loop.ts [--clients K] [--batch B] [--tasks N] [--others M] [--rounds R] [--settle keep|drop|history] [--names K] [--unknown U]`
  *
  * A closer look than the harness's phases: K connections run outlive's claim
  * and settle statements (outlive.claim, SUCCEED_SQL) back to back over N pending
@@ -13,7 +13,10 @@
  * the settle deletes the row and inserts what the dashboard would show of it
  * into a table of finished tasks of its own (HISTORY_SQL below, on a table
  * this script adds to its template), the way to keep history that writes
- * the least. Prints, per round: tasks/s,
+ * the least. `--names K` claims as a pass given K task names would (the
+ * tasks' own and K-1 others); `--unknown U` puts U ready rows of a name no
+ * pass knows ahead of the others in claim order, as a rolling deploy would
+ * leave them, so every claim reads past them. Prints, per round: tasks/s,
  * Postgres CPU per 1,000 tasks split into claim and settle, and index entries
  * read per claim and per settle (pg_stat_user_indexes).
  *
@@ -39,6 +42,8 @@ const { values } = parseArgs({
     others: { type: 'string', default: '0' },
     rounds: { type: 'string', default: '1' },
     settle: { type: 'string', default: 'keep' },
+    names: { type: 'string', default: '1' },
+    unknown: { type: 'string', default: '0' },
   },
 });
 const clients = Number(values.clients);
@@ -47,6 +52,8 @@ const tasks = Number(values.tasks);
 const others = Number(values.others);
 const rounds = Number(values.rounds);
 const settleMode = values.settle;
+const names = ['noop', ...Array.from({ length: Number(values.names) - 1 }, (_, i) => `other-task-${i}`)];
+const unknown = Number(values.unknown);
 if (settleMode !== 'keep' && settleMode !== 'drop' && settleMode !== 'history') {
   throw new Error(`--settle is keep, drop or history, not ${settleMode}`);
 }
@@ -99,6 +106,11 @@ for (let round = 1; round <= rounds; round++) {
      WHERE id IN (SELECT id FROM outlive.tasks ORDER BY id LIMIT $1)`,
     [others],
   );
+  await setup.query(
+    `INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms, priority)
+     SELECT 'unknown-task', '{}', 3, 30000, 1 FROM generate_series(1, $1::int)`,
+    [unknown],
+  );
   await setup.query('VACUUM ANALYZE outlive.tasks');
   await setup.query('SELECT pg_stat_reset()');
 
@@ -123,7 +135,7 @@ for (let round = 1; round <= rounds; round++) {
       for (;;) {
         let before = cpuNs(pid);
         // As the worker sends it: a prepared call of outlive.claim.
-        const rows = await claim(exec, { owner, limit: batch, maxTimeoutMs: 30_000, queues: null, leaseGraceMs: 5_000, leaseMs: 30_000, now: null });
+        const rows = await claim(exec, { owner, limit: batch, maxTimeoutMs: 30_000, queues: null, names, leaseGraceMs: 5_000, leaseMs: 30_000, now: null });
         claimNs += cpuNs(pid) - before;
         claims++;
         if (rows.length === 0) return;
@@ -154,7 +166,7 @@ for (let round = 1; round <= rounds; round++) {
   );
   const { rows: check } = await setup.query<{ twice: number; left: number }>(
     `SELECT count(*) FILTER (WHERE attempts > 1)::int AS twice,
-            count(*) FILTER (WHERE state <> 'succeeded' AND lease_owner IS DISTINCT FROM 'others')::int AS left
+            count(*) FILTER (WHERE state <> 'succeeded' AND lease_owner IS DISTINCT FROM 'others' AND name = 'noop')::int AS left
      FROM outlive.tasks`,
   );
   await setup.end();
@@ -163,7 +175,7 @@ for (let round = 1; round <= rounds; round++) {
   }
   const perK = (ns: number) => ((ns / 1e6) * 1000) / tasks;
   console.log(
-    `round ${round}: ${clients} client(s), batches of ${batch}, ${others} other running rows, successes ${{ keep: 'kept', drop: 'deleted', history: 'moved to a history table' }[settleMode]}: ` +
+    `round ${round}: ${clients} client(s), batches of ${batch}, ${others} other running rows, ${names.length} name(s) claimed, ${unknown} unknown ready ahead, successes ${{ keep: 'kept', drop: 'deleted', history: 'moved to a history table' }[settleMode]}: ` +
       `${Math.round(tasks / seconds).toLocaleString('en-US')} tasks/s; Postgres CPU per 1,000 tasks ` +
       `claim ${perK(claimNs).toFixed(1)} + settle ${perK(settleNs).toFixed(1)} = ${perK(claimNs + settleNs).toFixed(1)} ms; ` +
       `index entries read per claim and settle: ${indexes.map((i) => `${i.index} ${Math.round(i.read / (i.index === 'tasks_claim_idx' ? claims : settles))}`).join(', ')}`,

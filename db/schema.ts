@@ -10,6 +10,7 @@ import { sql } from 'drizzle-orm';
 import {
   bigint,
   bigserial,
+  check,
   index,
   integer,
   jsonb,
@@ -137,6 +138,9 @@ export const tasks = outlive.table(
     // Retention walks finished rows by age; unfinished rows stay out of this
     // index so the planner never prefers it over the claim index.
     index('tasks_state_finished_idx').on(t.state, t.finishedAt).where(sql`${t.finishedAt} IS NOT NULL`),
+    // A release that counted a success off a row twice fails in the
+    // statement that does it, instead of leaving a task no claim can match.
+    check('tasks_waiting_on_check', sql`${t.waitingOn} >= 0`),
   ],
 );
 
@@ -166,6 +170,29 @@ export const taskDeps = outlive.table(
     index('task_deps_run_idx').on(t.runId),
   ],
 );
+
+/**
+ * Tasks whose `waiting_on` a spawn could not be sure would be released: they
+ * wait for a step that was running in another pass when they were written,
+ * whose settle may have been a statement that began before the spawn
+ * committed and so cannot see the new edge. Written by spawns
+ * (src/release.ts), recounted and cleared by recovery.
+ */
+export const recounts = outlive.table('recounts', {
+  taskId: bigint('task_id', { mode: 'bigint' }).primaryKey(),
+  createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+});
+
+/**
+ * The task names passes were given, and when a pass last said so. A pass
+ * claims only names it can run; this is how `explainRun`, the CLI and the
+ * dashboard tell a ready task nobody can run from one waiting its turn.
+ * Written by every pass (src/known-tasks.ts), at most once a minute a name.
+ */
+export const knownTasks = outlive.table('known_tasks', {
+  name: text('name').primaryKey(),
+  seenAt: timestamp('seen_at', { withTimezone: true }).notNull(),
+});
 
 // ---------------------------------------------------------------------------
 // Recurring work (issue 5): the schedules declared in code, and the slots

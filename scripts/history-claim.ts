@@ -23,7 +23,7 @@ async function timeClaims(pool: pg.Pool, n: number): Promise<string> {
   for (let i = 0; i < n; i++) {
     await pool.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) VALUES ('probe', '{}', 1, 1000)`);
     const t0 = performance.now();
-    const rows = await claim(exec, { owner: 'measure', limit: 10, maxTimeoutMs: 30_000, queues: null, leaseGraceMs: 5_000, leaseMs: 30_000, now: null });
+    const rows = await claim(exec, { owner: 'measure', limit: 10, maxTimeoutMs: 30_000, queues: null, names: ['probe'], leaseGraceMs: 5_000, leaseMs: 30_000, now: null });
     times.push(performance.now() - t0);
     if (rows.length !== 1) throw new Error(`claimed ${rows.length}, expected 1`);
     await pool.query(`UPDATE outlive.tasks SET state = 'succeeded', finished_at = now() WHERE id = $1`, [rows[0]!.id]);

@@ -17,14 +17,14 @@
  * const task = enqueuedFrom(chargeCard, queued);
  * ```
  *
- * The statement is the one `enqueue` runs (the same text, the same checks of
- * input and options before anything is sent), so the two cannot drift apart.
+ * The statement is the one `enqueue` runs, and its row is checked by the
+ * same function (`prepareRow`: input, options and key, before anything is
+ * sent), so the two cannot drift apart.
  * A batch has no way to pass one query's result to the next: the input must
  * be known before the batch is sent (generate ids in the app, as above).
  */
 import type { SQL } from 'drizzle-orm';
-import { InvalidEnqueueError } from './errors.js';
-import { INSERT_TASKS, prepareOptions, serialiseInput, type EnqueuedTask, type EnqueueOptions } from './enqueue.js';
+import { INSERT_TASKS, insertParams, prepareRow, type EnqueuedTask, type EnqueueOptions } from './enqueue.js';
 import { toDrizzleSql } from './executor.js';
 import type { AnyTask, TaskInput } from './task.js';
 import type { TaskState } from './types.js';
@@ -36,16 +36,8 @@ import type { TaskState } from './types.js';
  * any drizzle database's `execute`, or use {@link batchEnqueue}.
  */
 export function enqueueSql<T extends AnyTask>(task: T, input: TaskInput<T>, options: EnqueueOptions = {}): SQL {
-  const p = prepareOptions(task, options);
-  const json = serialiseInput(task, input);
-  let key: string | null = null;
-  if (options.key !== undefined) {
-    if (typeof options.key !== 'string' || options.key.length === 0 || options.key.length > 500) {
-      throw new InvalidEnqueueError(`outlive: cannot enqueue "${task.name}": key must be a non-empty string of at most 500 characters`);
-    }
-    key = options.key;
-  }
-  return toDrizzleSql(INSERT_TASKS, [p.name, p.queue, p.priority, p.maxAttempts, p.timeoutMs, p.runAt, p.delayMs, [json], [key]]);
+  const row = prepareRow(task, input, options.key === undefined ? null : { key: options.key }, options);
+  return toDrizzleSql(INSERT_TASKS, insertParams(row.options, [row.input], [row.key]));
 }
 
 /** A drizzle database whose `execute` makes a query that `db.batch` accepts (neon-http, and others). */

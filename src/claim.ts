@@ -25,6 +25,12 @@ export interface ClaimRequest {
   maxTimeoutMs: number;
   /** Only these queues; null for all. */
   queues: readonly string[] | null;
+  /**
+   * Only tasks of these names: those the pass has handlers for. A task no
+   * pass knows stays pending (a rolling deploy, two services on one queue)
+   * rather than failing for want of a handler.
+   */
+  names: readonly string[];
   /** Extra lease time beyond the task's timeout, to settle in. */
   leaseGraceMs: number;
   /**
@@ -42,7 +48,10 @@ export interface ClaimRequest {
 // the UPDATE so the LIMIT subquery runs once (inlined, the planner may
 // re-evaluate it per row and claim more than asked). The SELECT reads only
 // tasks_claim_idx, a partial index of pending rows with no unfinished
-// dependencies, in the order of this ORDER BY.
+// dependencies, in the order of this ORDER BY. The names ($8) are those the
+// pass has handlers for, checked on the heap row like the timeout: 20 names
+// cost what one does, while ready rows of names no pass knows are read past
+// by every claim (docs/benchmarks.md, "The claim of known task names").
 //
 // The UPDATE finds the locked rows by primary key. It found them by ctid (a
 // TID scan) for a while, measured then as 0.7-1.3 ms per 1,000 tasks
@@ -62,6 +71,7 @@ WITH ready AS (
     AND run_at <= coalesce($1::timestamptz, now())
     AND timeout_ms <= $2
     AND ($3::text[] IS NULL OR queue = ANY($3::text[]))
+    AND name = ANY($8::text[])
   ORDER BY priority DESC NULLS LAST, run_at, id
   LIMIT $4
   FOR UPDATE SKIP LOCKED
@@ -79,7 +89,7 @@ RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.ti
 
 /**
  * What a pass sends to claim: a call of `outlive.claim`, whose body is
- * CLAIM_SQL (migration 0009), as a named statement.
+ * CLAIM_SQL (migrations 0009, then 0010 with names), as a named statement.
  *
  * The trade-off, measured on 2 cores, PostgreSQL 15: CLAIM_SQL sent unnamed
  * (0000-0008) was parsed and planned for every claim, 460-530 us of backend
@@ -95,7 +105,10 @@ RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.ti
  * sequential scans priced out, so it is the index plan on a table of any
  * size (test/claim.test.ts claims such a burst and counts rows scanned).
  */
-const CLAIM_CALL_SQL = 'SELECT * FROM outlive.claim($1, $2, $3, $4, $5, $6, $7)';
+const CLAIM_CALL_SQL = 'SELECT * FROM outlive.claim($1, $2, $3, $4, $5, $6, $7, $8)';
+
+/** The claim function this code calls, as `to_regprocedure` names it. */
+export const CLAIM_FUNCTION = 'outlive.claim(timestamptz, integer, text[], integer, text, integer, integer, text[])';
 
 /** Postgres's error code for a call of a function that does not exist. */
 const UNDEFINED_FUNCTION = '42883';
@@ -106,11 +119,11 @@ export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTas
   try {
     return await db.query<ClaimedTask>(
       CLAIM_CALL_SQL,
-      [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs, req.leaseMs],
-      'outlive_claim',
+      [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs, req.leaseMs, req.names],
+      'outlive_claim_names',
     );
   } catch (err) {
-    // A database migrated before 0009 has every table and no outlive.claim.
+    // A database migrated before 0010 has no outlive.claim taking names.
     if ((err as { code?: string }).code === UNDEFINED_FUNCTION) {
       throw Object.assign(new Error(`${(err as Error).message}: the outlive schema is older than this code; run migrate() to bring it up to date`, { cause: err }), {
         code: UNDEFINED_FUNCTION,

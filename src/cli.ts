@@ -378,6 +378,7 @@ function registerStatus(program: Command, io: CliIo): void {
         io.out(`runs:   ${RUN_STATES.map((st) => `${st} ${s.runs[st]}`).join(', ')}`);
         io.out(`oldest ready task: ${s.oldestReadyMs === null ? 'none waiting' : `due ${duration(s.oldestReadyMs)} ago`}`);
         io.out(`failed in the last hour: ${s.failedLastHour}`);
+        for (const u of s.unrunnable) io.out(`not runnable: ${u.ready} ready "${u.name}" task(s): ${u.why}`);
         if (s.queues.length > 0) {
           io.out('');
           for (const l of table(['queue', ...TASK_STATES], s.queues.map((q) => [q.queue, ...TASK_STATES.map((st) => q.counts[st])]))) io.out(l);

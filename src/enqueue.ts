@@ -50,7 +50,8 @@ export interface EnqueuedTask {
   deduplicated: boolean;
 }
 
-interface Prepared {
+/** Options checked, with the task's defaults filled in. */
+export interface Prepared {
   name: string;
   queue: string;
   priority: number;
@@ -125,6 +126,30 @@ function checkKey(task: AnyTask, key: unknown): string {
   return key;
 }
 
+/** One task's row as every way of enqueueing writes it: the options, the serialised input and the key. */
+export interface PreparedRow {
+  options: Prepared;
+  input: string;
+  key: string | null;
+}
+
+/**
+ * Checks and serialises one task row: the one door through which `enqueue`,
+ * `enqueueMany` and `batchEnqueue` pass, so their checks cannot drift apart.
+ * Throws {@link InvalidEnqueueError} before anything is written. `key` is
+ * null for a row without one; `prepared` is the options already checked,
+ * when many rows share them.
+ */
+export function prepareRow(task: AnyTask, input: unknown, key: { key: unknown } | null, options: EnqueueOptions | EnqueueManyOptions<unknown> = {}, prepared?: Prepared): PreparedRow {
+  const o = prepared ?? prepareOptions(task, options);
+  return { options: o, input: serialiseInput(task, input), key: key === null ? null : checkKey(task, key.key) };
+}
+
+/** The parameters of INSERT_TASKS for rows sharing one set of options. */
+export function insertParams(p: Prepared, inputs: readonly string[], keys: readonly (string | null)[]): unknown[] {
+  return [p.name, p.queue, p.priority, p.maxAttempts, p.timeoutMs, p.runAt, p.delayMs, inputs, keys];
+}
+
 // One statement for one task or a hundred thousand: the inputs travel as
 // arrays and unnest into rows. ON CONFLICT names the partial unique index on
 // (name, key) of unfinished tasks; DO UPDATE (rather than DO NOTHING) makes
@@ -157,17 +182,7 @@ interface InsertedRow {
 }
 
 async function insertRows(tx: Transactional, p: Prepared, inputs: string[], keys: (string | null)[]): Promise<EnqueuedTask[]> {
-  const rows = await toExecutor(tx).query<InsertedRow>(INSERT_TASKS, [
-    p.name,
-    p.queue,
-    p.priority,
-    p.maxAttempts,
-    p.timeoutMs,
-    p.runAt,
-    p.delayMs,
-    inputs,
-    keys,
-  ]);
+  const rows = await toExecutor(tx).query<InsertedRow>(INSERT_TASKS, insertParams(p, inputs, keys));
   return rows.map((r) => ({
     id: r.id,
     name: p.name,
@@ -199,11 +214,9 @@ export async function enqueue<T extends AnyTask>(
   input: TaskInput<T>,
   options: EnqueueOptions = {},
 ): Promise<EnqueuedTask> {
-  const prepared = prepareOptions(task, options);
-  const json = serialiseInput(task, input);
-  const key = options.key === undefined ? null : checkKey(task, options.key);
-  const [row] = await insertRows(tx, prepared, [json], [key]);
-  return row!;
+  const row = prepareRow(task, input, options.key === undefined ? null : { key: options.key }, options);
+  const [written] = await insertRows(tx, row.options, [row.input], [row.key]);
+  return written!;
 }
 
 /**
@@ -227,8 +240,7 @@ export async function enqueueMany<T extends AnyTask>(
   const repeated = new Set<number>();
   const slotByKey = new Map<string, number>();
   for (const input of inputs) {
-    const serialised = serialiseInput(task, input);
-    const key = options.key ? checkKey(task, options.key(input)) : null;
+    const { input: serialised, key } = prepareRow(task, input, options.key ? { key: options.key(input) } : null, {}, prepared);
     const seen = key === null ? undefined : slotByKey.get(key);
     if (seen !== undefined) {
       repeated.add(slotOf.length);

@@ -3,6 +3,7 @@
  * running or done, the reason it is where it is.
  */
 import { toExecutor, toPool, type Database } from './executor.js';
+import { nobodyRuns, readKnownTasks, type KnownTasks } from './known-tasks.js';
 import type { RunState, TaskState } from './types.js';
 
 /** One task of a run, explained. */
@@ -51,7 +52,20 @@ function list(names: string[]): string {
   return names.length > 5 ? `${shown} and ${names.length - 5} more` : shown;
 }
 
-function why(t: { state: TaskState; attempts: number; max_attempts: number; run_at: Date; lease_expires_at: Date | null; last_error: string | null; waiting_for: string[] }, now: Date): string {
+/** The facts about one task row that say why it is where it is. */
+export interface WhyFacts {
+  name: string;
+  state: TaskState;
+  attempts: number;
+  max_attempts: number;
+  run_at: Date;
+  lease_expires_at: Date | null;
+  last_error: string | null;
+  waiting_for: string[];
+}
+
+/** Why a task is in its state, in words; `known` tells a ready task nobody can run from one waiting its turn. */
+export function why(t: WhyFacts, now: Date, known: KnownTasks): string {
   switch (t.state) {
     case 'pending':
       if (t.waiting_for.length > 0) return `waiting for ${list(t.waiting_for)} to succeed`;
@@ -60,7 +74,7 @@ function why(t: { state: TaskState; attempts: number; max_attempts: number; run_
           ? `backing off until ${t.run_at.toISOString()} after attempt ${t.attempts} of ${t.max_attempts} failed: ${t.last_error ?? 'unknown error'}`
           : `scheduled for ${t.run_at.toISOString()}`;
       }
-      return 'ready: waiting for a pass to claim it';
+      return nobodyRuns(t.name, known) ?? 'ready: waiting for a pass to claim it';
     case 'running':
       return `running attempt ${t.attempts} of ${t.max_attempts}, lease until ${t.lease_expires_at?.toISOString() ?? 'unknown'}`;
     case 'succeeded':
@@ -85,6 +99,7 @@ export async function explainRun(db: Database, runId: string, options: { now?: D
     id: string; step: string | null; name: string; state: TaskState; attempts: number; max_attempts: number; run_at: Date;
     lease_expires_at: Date | null; last_error: string | null; waiting_for: string[];
   }>(TASKS_SQL, [runId]);
+  const known = await readKnownTasks(exec);
   const counts: Partial<Record<TaskState, number>> = {};
   for (const r of rows) counts[r.state] = (counts[r.state] ?? 0) + 1;
   return {
@@ -106,7 +121,7 @@ export async function explainRun(db: Database, runId: string, options: { now?: D
       runAt: r.run_at,
       waitingFor: r.waiting_for,
       lastError: r.last_error,
-      why: why(r, run.now),
+      why: why(r, run.now, known),
     })),
   };
 }

@@ -3,7 +3,7 @@
  * died (killed, crashed, timed out by its platform).
  */
 import { inTransaction, toPool, type Database } from './executor.js';
-import { applyRunEffects } from './release.js';
+import { applyRunEffects, recountWaits } from './release.js';
 import type { SettledRow } from './settle.js';
 
 /** What a recovery pass did. */
@@ -12,6 +12,8 @@ export interface RecoverReport {
   retried: number;
   /** Tasks that had no attempts left and failed for good. */
   failed: number;
+  /** Tasks of runs whose count of unfinished dependencies was corrected (see `outlive.recounts`). */
+  recounted: number;
   rows: SettledRow[];
 }
 
@@ -49,16 +51,17 @@ RETURNING t.id::text, t.state::text, t.run_id::text, t.step`;
 /**
  * Recovers up to `limit` tasks whose lease expired before `now` (default: the
  * database's clock). A recovered task of a run that has no attempts left
- * fails its downstream tasks and run in the same transaction.
+ * fails its downstream tasks and run in the same transaction. It also
+ * recounts the tasks spawns listed as unsure of their release.
  */
 export async function recover(db: Database, options: { now?: Date | null; limit?: number } = {}): Promise<RecoverReport> {
   const now = options.now ?? null;
-  const rows = await inTransaction(toPool(db), async (tx) => {
+  const { rows, recounted } = await inTransaction(toPool(db), async (tx) => {
     const recovered = await tx.query<SettledRow>(RECOVER_SQL, [now, options.limit ?? 1000]);
     await applyRunEffects(tx, recovered, new Map(), now);
-    return recovered;
+    return { rows: recovered, recounted: await recountWaits(tx, now) };
   });
   let failed = 0;
   for (const r of rows) if (r.state === 'failed') failed++;
-  return { retried: rows.length - failed, failed, rows };
+  return { retried: rows.length - failed, failed, recounted, rows };
 }

@@ -2,8 +2,8 @@
  * Release: the knock-on effects of settling tasks that belong to runs, written
  * in the same transaction as the settle itself.
  *
- * - a success writes what the task spawned, then decrements `waiting_on` of
- *   the tasks that wait for it (at 0 they become claimable);
+ * - a success decrements `waiting_on` of the tasks that already waited for
+ *   it (at 0 they become claimable), then writes what the task spawned;
  * - a failure for good marks every task downstream of it `skipped`, and
  *   records it as the task that failed its run;
  * - every run touched has its count of unfinished tasks adjusted, and takes
@@ -94,6 +94,8 @@ WITH ins AS (
   INSERT INTO outlive.task_deps (run_id, task_id, depends_on)
   SELECT $1, (ids.of ->> e.child)::bigint, (ids.of ->> e.parent)::bigint
   FROM ids, unnest($14::text[], $15::text[]) AS e(child, parent)
+), unsure AS (
+  INSERT INTO outlive.recounts (task_id) SELECT id FROM ins WHERE step = ANY($18::text[])
 )
 SELECT count(*)::int AS n FROM ins`;
 
@@ -133,9 +135,14 @@ export async function insertSpawns(db: Executor, runId: string, spawner: string,
       }
     }
   }
-  const waiting = steps.map((s) => s.after.filter((dep) => fresh.has(dep) || byStep.get(dep)!.state !== 'succeeded').length);
+  const waiting = steps.map((s) => unfinishedDependencies(s, fresh, byStep));
   const { children, parents } = stepEdges(steps);
   const external = existing.filter((e) => parents.includes(e.step));
+  // A step running in another pass may be settled by a statement that took
+  // its snapshot before this spawn committed (it waited for the lock held
+  // here): that statement cannot see the new edges to release them. Rows
+  // waiting for such a step are listed for recovery to recount.
+  const unsure = steps.filter((s) => !skipped.has(s.step) && s.after.some((dep) => byStep.get(dep)?.state === 'running'));
   await db.query(INSERT_SPAWNS_SQL, [
     runId,
     now,
@@ -147,8 +154,68 @@ export async function insertSpawns(db: Executor, runId: string, spawner: string,
     parents,
     external.map((e) => e.id),
     external.map((e) => e.step),
+    unsure.map((s) => s.step),
   ]);
   return steps.length - skipped.size;
+}
+
+/**
+ * The one rule for a new row's `waiting_on`: its dependencies that have not
+ * succeeded as the spawn sees them (their rows locked). Every transaction
+ * releases the dependents of its successes before it writes spawns, so a
+ * release never reaches a row written after it, and no success is counted
+ * off a new row twice.
+ */
+function unfinishedDependencies(s: PreparedStep, fresh: ReadonlyMap<string, PreparedStep>, existing: ReadonlyMap<string, { state: string }>): number {
+  let n = 0;
+  for (const dep of s.after) if (fresh.has(dep) || existing.get(dep)!.state !== 'succeeded') n++;
+  return n;
+}
+
+// Recounts the rows a spawn could not be sure would be released (see
+// insertSpawns). Locked first, in a statement of their own, so the count
+// that follows reads every release committed before the lock was granted; a
+// release still waiting for the lock then decrements the recounted value.
+// A row stays listed while a step it waits for is running, since that
+// step's settle may be the statement that cannot see its edge; rows no
+// longer pending leave the list.
+const LOCK_RECOUNTS_SQL = `
+WITH gone AS (
+  DELETE FROM outlive.recounts r
+  WHERE NOT EXISTS (SELECT 1 FROM outlive.tasks t WHERE t.id = r.task_id AND t.state = 'pending')
+)
+SELECT t.id::text FROM outlive.recounts r JOIN outlive.tasks t ON t.id = r.task_id
+WHERE t.state = 'pending' ORDER BY t.id FOR UPDATE OF t`;
+
+const RECOUNT_SQL = `
+WITH counted AS (
+  SELECT t.id, t.queue, t.waiting_on AS was,
+         count(*) FILTER (WHERE p.state IS DISTINCT FROM 'succeeded')::int AS n,
+         count(*) FILTER (WHERE p.state = 'running')::int AS running
+  FROM outlive.tasks t
+  JOIN outlive.task_deps d ON d.task_id = t.id
+  LEFT JOIN outlive.tasks p ON p.id = d.depends_on
+  WHERE t.id = ANY($1::bigint[]) AND t.state = 'pending'
+  GROUP BY t.id
+), upd AS (
+  UPDATE outlive.tasks t SET waiting_on = c.n, updated_at = coalesce($2::timestamptz, now())
+  FROM counted c WHERE t.id = c.id AND c.n <> c.was
+  RETURNING t.queue, t.waiting_on
+), done AS (
+  DELETE FROM outlive.recounts r USING counted c WHERE r.task_id = c.id AND c.running = 0
+)
+SELECT (SELECT count(*) FROM upd)::int AS fixed,
+       (SELECT count(pg_notify('outlive', q.queue)) FROM (SELECT DISTINCT queue FROM upd WHERE waiting_on = 0) q)::int AS notified`;
+
+/**
+ * Recounts `waiting_on` of the rows spawns listed as unsure, in the
+ * transaction `db` is in; returns how many it corrected. Run by recovery.
+ */
+export async function recountWaits(db: Executor, now: Date | null): Promise<number> {
+  const locked = await db.query<{ id: string }>(LOCK_RECOUNTS_SQL, []);
+  if (locked.length === 0) return 0;
+  const [r] = await db.query<{ fixed: number }>(RECOUNT_SQL, [locked.map((l) => l.id), now]);
+  return r?.fixed ?? 0;
 }
 
 /**
@@ -168,18 +235,18 @@ export async function applyRunEffects(
     if (!r) runs.set(id, (r = { delta: 0, failedTask: null, error: null }));
     return r;
   };
-  const succeeded: string[] = [];
+  const succeeded: RunRow[] = [];
   for (const row of rows) {
     if (!row.run_id || row.state === 'pending' || row.state === 'released') continue;
-    const run = runOf(row.run_id);
-    run.delta -= 1;
-    if (row.state === 'succeeded') {
-      succeeded.push(row.id);
-      const spawned = spawns.get(row.id);
-      if (spawned?.length) run.delta += await insertSpawns(db, row.run_id, row.id, spawned, now);
-    }
+    runOf(row.run_id).delta -= 1;
+    if (row.state === 'succeeded') succeeded.push(row);
   }
-  if (succeeded.length > 0) await db.query(RELEASE_SQL, [succeeded, now]);
+  // Release before spawning: see unfinishedDependencies.
+  if (succeeded.length > 0) await db.query(RELEASE_SQL, [succeeded.map((r) => r.id), now]);
+  for (const row of succeeded) {
+    const spawned = spawns.get(row.id);
+    if (spawned?.length) runOf(row.run_id!).delta += await insertSpawns(db, row.run_id!, row.id, spawned, now);
+  }
   for (const row of rows) {
     if (!row.run_id || row.state !== 'failed') continue;
     const label = row.step ? `step "${row.step}" (task ${row.id})` : `task ${row.id}`;

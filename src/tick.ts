@@ -11,13 +11,17 @@ import { claim, type ClaimedTask } from './claim.js';
 import { ConfigError, OutliveError, toError } from './errors.js';
 import { AttemptAbort, execute, HandBackError, type Heartbeat, type Outcome } from './execute.js';
 import { toExecutor, toPool, type Database } from './executor.js';
+import { announceTasks } from './known-tasks.js';
 import { recover } from './recover.js';
 import { settle } from './settle.js';
 import { checkName, taskRegistry, type TaskList } from './task.js';
 
 /** Options of one pass. */
 export interface TickOptions {
-  /** The tasks this pass can run. A claimed row whose name is not here fails, naming it. */
+  /**
+   * The tasks this pass can run. It claims only rows of these names: a task
+   * no pass knows stays pending, and `explainRun` says so.
+   */
   tasks: TaskList;
   /** Wall-clock budget of the pass in ms. Default 30 s. Only tasks whose timeout fits in what is left are claimed. */
   budgetMs?: number;
@@ -351,17 +355,27 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // 8 samples each side, alternating builds: p50 2.76-3.54 ms (median 3.28)
   // against 3.25-3.72 (3.35), p99 5.21-8.46 (7.0) against 6.50-10.5 (7.6);
   // the rest of the tail is elsewhere.
-  const recovering =
-    options.recover === false
-      ? null
-      : recover(pool, { now }).then(
-          (r) => {
-            report.recovered = r.rows.length;
-          },
-          (err: unknown) => {
-            dbError ??= err;
-          },
-        );
+  // First the pass says which task names it knows (one statement, writing a
+  // name at most once a minute), then recovers.
+  const names = [...registry.keys()];
+  let background = true;
+  const recovering = (async () => {
+    await announceTasks(exec, names, now, pool);
+    if (options.recover === false) return;
+    const r = await recover(pool, { now });
+    report.recovered = r.rows.length;
+    // A recount may have made tasks ready now; recovered ones are due later.
+    if (r.recounted > 0) {
+      readyCount++;
+      progress();
+    }
+  })().then(
+    () => (background = false),
+    (err: unknown) => {
+      background = false;
+      dbError ??= err;
+    },
+  );
   try {
     // Claim in batches of at least half the slots and half the room (slots
     // plus prefetch), so a busy pass does not pay one claim per finished
@@ -389,7 +403,11 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       // Everything finished, and nothing can have become ready through us
       // since the queue came back dry: done, without one more claim to find
       // it empty (new enqueues wake the next pass through their NOTIFY or nudge).
-      if (dry() && running === 0 && unsettled === 0 && buffer.length === 0) break;
+      if (dry() && running === 0 && unsettled === 0 && buffer.length === 0) {
+        if (!background) break;
+        await recovering;
+        continue;
+      }
       const capacity = concurrency + bufferLimit();
       const room = Math.min(capacity - running - buffer.length, maxTasks - report.claimed - buffer.length);
       // After a short claim, a pass that can be woken (the worker's) waits
@@ -406,6 +424,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
           limit: room,
           maxTimeoutMs: remaining,
           queues,
+          names,
           leaseGraceMs,
           leaseMs,
           now,

@@ -12,6 +12,7 @@
  */
 import { setMaxListeners } from 'node:events';
 import pg from 'pg';
+import { CLAIM_FUNCTION } from './claim.js';
 import { ConfigError, toError } from './errors.js';
 import { applyRetention, retentionConfig, type RetentionOptions, type RetentionReport } from './retention.js';
 import { enqueueDue, isSchedule, ScheduleError, type AnySchedule, type EnqueueDueReport } from './schedule.js';
@@ -438,11 +439,12 @@ export function createWorker(options: WorkerOptions): Worker {
       const [found] = (
         await pool.query<{ tasks: string | null; schedules: string | null; claim: string | null }>(
           `SELECT to_regclass('outlive.tasks')::text AS tasks, to_regclass('outlive.schedules')::text AS schedules,
-                  to_regproc('outlive.claim')::text AS claim`,
+                  to_regprocedure($1)::text AS claim`,
+          [CLAIM_FUNCTION],
         )
       ).rows;
       if (!found?.tasks) throw new ConfigError('outlive: the database has no outlive tables: run migrate() on it first');
-      if (!found.claim) throw new ConfigError('outlive: the database has no outlive.claim function: run migrate() to bring it up to date');
+      if (!found.claim) throw new ConfigError('outlive: the database has no outlive.claim function taking task names: run migrate() to bring it up to date');
       if (schedules.length > 0 && !found.schedules) {
         throw new ConfigError('outlive: the database has no outlive.schedules table: run migrate() to bring it up to date');
       }

@@ -15,6 +15,7 @@ import pg from 'pg';
 import { afterAll, describe, expect, it, onTestFinished } from 'vitest';
 import { z } from 'zod';
 import {
+  batchEnqueue,
   cancelRun,
   ConfigError,
   createWorker,
@@ -37,6 +38,8 @@ import {
   type AnyTask,
 } from '../src/index.js';
 import { MIGRATIONS_FOLDER } from '../src/migrate.js';
+import { status } from '../src/dashboard/queries.js';
+import { CLAIM_FUNCTION } from '../src/claim.js';
 import { createDrainRoute } from '../functions/vercel/routes.js';
 import type { FunctionsEnv } from '../functions/invocation.js';
 import { freshDb } from './support/db.js';
@@ -137,8 +140,17 @@ const cases: Case[] = [
   { name: 'runAt an invalid Date', throws: [InvalidEnqueueError, /runAt/], act: () => enqueue(db.pool, job, { n: 1 }, { runAt: new Date('not a date') }) },
   { name: 'delayMs NaN', throws: [InvalidEnqueueError, /delayMs/], act: () => enqueue(db.pool, job, { n: 1 }, { delayMs: Number.NaN }) },
   { name: 'priority a fraction', throws: [InvalidEnqueueError, /priority/], act: () => enqueue(db.pool, job, { n: 1 }, { priority: 0.5 }) },
-  { name: 'key empty', throws: [InvalidEnqueueError, /key must be a non-empty string of at most 500 characters/], act: () => enqueue(db.pool, job, { n: 1 }, { key: '' }) },
-  { name: 'key of 501 characters', throws: [InvalidEnqueueError, /key must be a non-empty string of at most 500 characters/], act: () => enqueue(db.pool, job, { n: 1 }, { key: 'k'.repeat(501) }) },
+  // Keys, refused alike by every way of enqueueing (batchEnqueue's checks once drifted from enqueue's).
+  ...([
+    ['empty', '', /key must be a non-empty string of at most 500 characters/],
+    ['of 501 characters', 'k'.repeat(501), /key must be a non-empty string of at most 500 characters/],
+    ['with a NUL', 'k\u0000', /key must not contain NUL characters or unpaired surrogates/],
+    ['with an unpaired surrogate', 'k\ud800', /key must not contain NUL characters or unpaired surrogates/],
+  ] as const).flatMap(([what, key, message]): Case[] => [
+    { name: `key ${what}, in enqueue`, throws: [InvalidEnqueueError, message], act: () => enqueue(db.pool, job, { n: 1 }, { key }) },
+    { name: `key ${what}, in enqueueMany`, throws: [InvalidEnqueueError, message], act: () => enqueueMany(db.pool, job, [{ n: 1 }], { key: () => key }) },
+    { name: `key ${what}, in batchEnqueue`, throws: [InvalidEnqueueError, message], act: async () => batchEnqueue(drizzle(db.pool), job, { n: 1 }, { key }) },
+  ]),
   ...SQL.map((s): Case => ({ name: `queue name ${JSON.stringify(s)}`, throws: [InvalidEnqueueError, /queue name .* is invalid: use 1-200 characters/], act: () => enqueue(db.pool, job, { n: 1 }, { queue: s }) })),
   // Task definitions.
   ...SQL.map((s): Case => ({ name: `task name ${JSON.stringify(s)}`, throws: [ConfigError, /task name .* is invalid/], act: () => defineTask({ name: s, input: z.object({}), run: async () => null }) })),
@@ -261,17 +273,47 @@ describe('SQL-looking strings where strings are allowed', () => {
   });
 });
 
-describe('a row whose task no definition matches', () => {
-  it('fails for good, naming the unknown task, and the pass goes on with the others', async () => {
+describe('a row whose task no pass knows', () => {
+  // A rolling deploy (a new enqueuer, old functions) or two services on one
+  // queue: the pass that cannot run a task must leave it for one that can.
+  it('is not claimed: it stays pending with no attempt counted, and the pass goes on with the others', async () => {
     const { rows } = await db.pool.query(
       `INSERT INTO outlive.tasks (name, queue, input, max_attempts, timeout_ms) VALUES ('ghost.task', 'ghost', '{}', 3, 1000) RETURNING id::text`,
     );
     const good = await enqueue(db.pool, job, { n: 9 }, { queue: 'ghost' });
     const report = await tick(db.pool, { tasks: [job], queues: ['ghost'], budgetMs: 20_000 });
-    expect(report).toMatchObject({ claimed: 2, succeeded: 1, failed: 1 });
+    expect(report).toMatchObject({ claimed: 1, succeeded: 1, failed: 0 });
     const ghost = (await db.rows(`SELECT state::text, attempts, last_error FROM outlive.tasks WHERE id = $1`, [rows[0].id]))[0];
-    expect(ghost).toMatchObject({ state: 'failed', attempts: 1, last_error: expect.stringContaining('ghost.task') });
+    expect(ghost).toEqual({ state: 'pending', attempts: 0, last_error: null });
     expect((await db.rows(`SELECT state::text FROM outlive.tasks WHERE id = $1`, [good.id]))[0]).toEqual({ state: 'succeeded' });
+    // The operator is told, by name.
+    const s = await status(db.pool);
+    expect(s.unrunnable).toEqual([{ name: 'ghost.task', ready: 1, why: expect.stringMatching(/^no pass that ran knows task "ghost.task"/) }]);
+    // A pass that knows it runs it.
+    const ghostTask = defineTask({ name: 'ghost.task', input: z.object({}), run: () => 'finally' });
+    expect(await tick(db.pool, { tasks: [job, ghostTask], queues: ['ghost'] })).toMatchObject({ claimed: 1, succeeded: 1 });
+    expect((await status(db.pool)).unrunnable).toEqual([]);
+  });
+
+  it('explainRun says no pass knows it, and since when, where a run waits on it', async () => {
+    const known = defineTask({ name: 'known-step', input: z.object({}), run: () => 1 });
+    const later = defineTask({ name: 'new-step', input: z.object({}), run: () => 2 });
+    const t0 = new Date(Date.now() + 3_600_000);
+    const at = (ms: number) => new Date(t0.getTime() + ms);
+    // A pass of an older deploy once knew new-step; the deploys since do not.
+    await tick(db.pool, { tasks: [known, later], queues: ['rolling'], now: t0 });
+    const run = await startRun(db.pool, 'rolling', {
+      a: step(known, {}, { queue: 'rolling' }),
+      b: step(later, {}, { queue: 'rolling', after: ['a'] }),
+    });
+    await tick(db.pool, { tasks: [known], queues: ['rolling'], now: at(10 * 60_000) });
+    const explained = await explainRun(db.pool, run.id, { now: at(10 * 60_000) });
+    expect(explained!.tasks.map((t) => [t.step, t.state])).toEqual([['a', 'succeeded'], ['b', 'pending']]);
+    expect(explained!.tasks[1]!.why).toBe(
+      `no pass that ran since ${t0.toISOString()} knows task "new-step" (the last pass ran at ${at(10 * 60_000).toISOString()}): deploy its handler, or cancel it`,
+    );
+    await tick(db.pool, { tasks: [known, later], queues: ['rolling'], now: at(11 * 60_000) });
+    expect((await explainRun(db.pool, run.id))!.state).toBe('succeeded');
   });
 });
 
@@ -307,7 +349,7 @@ describe('schemas that are missing or old', () => {
     const err = await tick(pool, { tasks: [job], budgetMs: 20_000 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(PassError);
     // The claim and recovery run at once; whichever fails first names what is missing.
-    expect((err as Error).message).toMatch(/schema "outlive" does not exist|relation "outlive\.tasks" does not exist/);
+    expect((err as Error).message).toMatch(/schema "outlive" does not exist|relation "outlive\.(tasks|known_tasks)" does not exist/);
     const enqueueErr = await enqueue(pool, job, { n: 1 }).catch((e: unknown) => e);
     expect((enqueueErr as Error).message).toMatch(/relation "outlive\.tasks" does not exist/);
     expect((await pool.query(`SELECT count(*)::int AS n FROM pg_namespace WHERE nspname = 'outlive'`)).rows[0].n).toBe(0);
@@ -339,15 +381,20 @@ describe('schemas that are missing or old', () => {
     expect(report).toMatchObject({ claimed: 1, succeeded: 1 });
   });
 
-  it('a tick or a worker on a schema from before outlive.claim (migration 0009) says to run migrate(), and claims nothing', async () => {
+  it('a tick or a worker on a schema from before the claim of known names (migration 0010) says to run migrate(), and claims nothing', async () => {
     const old = await freshDb();
-    await old.pool.query('DROP FUNCTION outlive.claim');
+    await old.pool.query(`DROP FUNCTION ${CLAIM_FUNCTION}`);
     const { id } = await enqueue(old.pool, job, { n: 1 });
     const err = await tick(old.pool, { tasks: [job], budgetMs: 20_000 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(PassError);
     expect((err as Error).message).toMatch(/function outlive\.claim\(.*\) does not exist: the outlive schema is older than this code; run migrate\(\)/);
     const worker = createWorker({ connectionString: old.url, tasks: [job], logger: { info: () => undefined, warn: () => undefined, error: () => undefined } });
-    await expect(worker.start()).rejects.toThrow(new ConfigError('outlive: the database has no outlive.claim function: run migrate() to bring it up to date'));
+    await expect(worker.start()).rejects.toThrow(new ConfigError('outlive: the database has no outlive.claim function taking task names: run migrate() to bring it up to date'));
+    expect((await old.pool.query(`SELECT state::text FROM outlive.tasks WHERE id = $1`, [id])).rows[0].state).toBe('pending');
+    // Without 0010's table of known names, the pass says the same.
+    await old.pool.query('DROP TABLE outlive.known_tasks');
+    const err2 = await tick(old.pool, { tasks: [job], budgetMs: 20_000 }).catch((e: unknown) => e);
+    expect((err2 as Error).message).toMatch(/does not exist: the outlive schema is older than this code; run migrate\(\)/);
     expect((await old.pool.query(`SELECT state::text FROM outlive.tasks WHERE id = $1`, [id])).rows[0].state).toBe('pending');
   });
 });

@@ -22,7 +22,7 @@ describe('claim', () => {
     const fresh = await freshDb();
     const client = await fresh.pool.connect();
     const exec = toExecutor(client);
-    const request = { owner: 'pass', maxTimeoutMs: 60_000, queues: null, leaseGraceMs: 1_000, leaseMs: 30_000, now: null };
+    const request = { owner: 'pass', maxTimeoutMs: 60_000, queues: null, names: ['idle', 'burst'], leaseGraceMs: 1_000, leaseMs: 30_000, now: null };
     const seqRead = async () => {
       // Statistics reach the view when the claiming backend next goes idle.
       await client.query('SELECT pg_stat_force_next_flush()');
@@ -78,7 +78,7 @@ describe('claim', () => {
     );
     const claims = await Promise.all(
       Array.from({ length: 9 }, (_, k) =>
-        claim(toExecutor(db.pool), { owner: `c${k}`, limit: 10, maxTimeoutMs: 60_000, queues: null, leaseGraceMs: 1000, leaseMs: 30_000, now: null }),
+        claim(toExecutor(db.pool), { owner: `c${k}`, limit: 10, maxTimeoutMs: 60_000, queues: null, names: ['noop'], leaseGraceMs: 1000, leaseMs: 30_000, now: null }),
       ),
     );
     await holder.query('ROLLBACK');
@@ -127,7 +127,7 @@ describe('claim', () => {
     const client = await db.pool.connect();
     try {
       await client.query('BEGIN');
-      const plan = (await client.query(`EXPLAIN ${CLAIM_SQL}`, [null, 60_000, null, 10, 'explain', 1000, 30_000])).rows
+      const plan = (await client.query(`EXPLAIN ${CLAIM_SQL}`, [null, 60_000, null, 10, 'explain', 1000, 30_000, ['todo']])).rows
         .map((r) => r['QUERY PLAN'])
         .join('\n');
       await client.query('ROLLBACK');
@@ -139,12 +139,13 @@ describe('claim', () => {
   });
 
   it('runs CLAIM_SQL, character for character, inside outlive.claim', async () => {
-    const { CLAIM_SQL } = await import('../src/claim.js');
+    const { CLAIM_SQL, CLAIM_FUNCTION } = await import('../src/claim.js');
     const [fn] = await db.rows<{ src: string; config: string[] }>(
-      `SELECT prosrc AS src, proconfig AS config FROM pg_proc WHERE oid = 'outlive.claim'::regproc`,
+      `SELECT prosrc AS src, proconfig AS config FROM pg_proc WHERE oid = to_regprocedure($1)`,
+      [CLAIM_FUNCTION],
     );
     expect(fn!.src).toContain(CLAIM_SQL.trimEnd());
-    expect(fn!.config).toEqual(['plan_cache_mode=force_generic_plan', 'enable_seqscan=off']);
+    expect(fn!.config).toEqual(['plan_cache_mode=force_generic_plan', 'enable_seqscan=off', 'enable_bitmapscan=off']);
   });
 
   // The plan outlive.claim makes, generic and with sequential scans priced
@@ -162,8 +163,9 @@ describe('claim', () => {
         await client.query('BEGIN');
         await client.query('SET LOCAL plan_cache_mode = force_generic_plan');
         await client.query('SET LOCAL enable_seqscan = off');
+        await client.query('SET LOCAL enable_bitmapscan = off');
         await client.query(`PREPARE claim_plan AS ${CLAIM_SQL}`);
-        const plan = (await client.query(`EXPLAIN EXECUTE claim_plan(NULL, 60000, NULL, 500, 'explain', 1000, 30000)`)).rows
+        const plan = (await client.query(`EXPLAIN EXECUTE claim_plan(NULL, 60000, NULL, 500, 'explain', 1000, 30000, '{n}')`)).rows
           .map((r) => r['QUERY PLAN'])
           .join('\n');
         await client.query('DEALLOCATE claim_plan');
@@ -177,6 +179,7 @@ describe('claim', () => {
       expect(plan).toMatch(/Index Scan using tasks_claim_idx/);
       expect(plan).toMatch(/Index Scan using tasks_pkey on tasks t/);
       expect(plan).not.toMatch(/Seq Scan/);
+      expect(plan).not.toMatch(/Sort/);
     }
   });
 });

@@ -139,6 +139,18 @@ describe('outlive CLI', { timeout: 120_000 }, () => {
     expect(after.errors).toHaveLength(1);
   });
 
+  it('lists tasks newest first by id as a number, across a power of ten', async () => {
+    await db.pool.query(`SELECT setval(pg_get_serial_sequence('outlive.tasks', 'id'), greatest(95, (SELECT coalesce(max(id), 0) FROM outlive.tasks)))`);
+    const start = Number((await db.rows<{ n: string }>(`SELECT last_value::text AS n FROM outlive.tasks_id_seq`))[0]!.n);
+    // Enough rows that their ids gain a digit: 96..105, or the next such span.
+    const target = 10 ** String(start + 1).length;
+    await db.pool.query(`SELECT setval('outlive.tasks_id_seq', $1)`, [target - 5]);
+    await db.pool.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) SELECT 'sorted', '{}', 1, 1000 FROM generate_series(1, 10)`);
+    const listed = JSON.parse((await cli(['tasks', '--name', 'sorted', '--limit', '5', '--json', ...url])).out) as { id: string }[];
+    expect(listed.map((t) => Number(t.id))).toEqual([5, 4, 3, 2, 1].map((k) => target + k));
+    await db.pool.query(`DELETE FROM outlive.tasks WHERE name = 'sorted'`);
+  });
+
   it('shows a run as a tree with why each task waits, lists runs with progress, cancels and retries it', async () => {
     const run = await startRun(db.pool, 'cli pipeline', {
       fetch: step(greet, { name: 'fetch' }),

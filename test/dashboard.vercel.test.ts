@@ -46,4 +46,12 @@ describe('the Vercel dashboard route', () => {
     expect(await disabled.text()).not.toContain('boom');
     expect(lines.join('\n')).not.toContain(password);
   });
+
+  it('lists ready tasks no pass knows, by name, on the overview', async () => {
+    await db.pool.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) SELECT 'from-a-newer-deploy', '{}', 3, 1000 FROM generate_series(1, 3)`);
+    await tick(db.pool, { tasks });
+    const body = await (await route(at('/', { headers: { authorization: `Bearer ${TOKEN}` } }))).text();
+    expect(body).toMatch(/<tr data-name="from-a-newer-deploy"><td>from-a-newer-deploy<\/td><td>3<\/td><td>no pass that ran knows task &quot;from-a-newer-deploy&quot;/);
+    await db.pool.query(`DELETE FROM outlive.tasks WHERE name = 'from-a-newer-deploy'`);
+  });
 });

@@ -92,6 +92,43 @@ describe('migrate', () => {
     }
   });
 
+  it('repairs the counts the double release left, then refuses a negative one; the pass runs what was stuck (0010)', async () => {
+    const { url, drop } = await emptyDatabase();
+    const c = new pg.Client({ connectionString: url });
+    await c.connect();
+    try {
+      await migrateUpTo(c, 9);
+      const { rows: [run] } = await c.query(`INSERT INTO outlive.runs (name, unfinished) VALUES ('old', 2) RETURNING id::text`);
+      // a succeeded; b waits for a and was released twice (-1); c waits for a and b but was never released for a (2).
+      const { rows: t } = await c.query(
+        `INSERT INTO outlive.tasks (run_id, step, name, input, max_attempts, timeout_ms, state, waiting_on, finished_at)
+         VALUES ($1, 'a', 'x', '{}', 1, 1000, 'succeeded', 0, now()), ($1, 'b', 'x', '{}', 1, 1000, 'pending', -1, NULL),
+                ($1, 'c', 'x', '{}', 1, 1000, 'pending', 2, NULL)
+         RETURNING id::text, step`,
+        [run.id],
+      );
+      const id = Object.fromEntries(t.map((r: { id: string; step: string }) => [r.step, r.id]));
+      await c.query(`INSERT INTO outlive.task_deps (run_id, task_id, depends_on) VALUES ($1, $2, $3), ($1, $4, $3), ($1, $4, $2)`, [run.id, id.b, id.a, id.c]);
+      await migrate(url);
+      const counts = await c.query(`SELECT step, waiting_on FROM outlive.tasks WHERE state = 'pending' ORDER BY step`);
+      expect(counts.rows).toEqual([{ step: 'b', waiting_on: 0 }, { step: 'c', waiting_on: 1 }]);
+      await expect(c.query(`UPDATE outlive.tasks SET waiting_on = -1 WHERE id = $1`, [id.b])).rejects.toThrow(/tasks_waiting_on_check/);
+      const { tick, defineTask } = await import('../src/index.js');
+      const { z } = await import('zod');
+      const x = defineTask({ name: 'x', input: z.object({}), run: () => 'ok' });
+      const pool = new pg.Pool({ connectionString: url });
+      try {
+        for (let i = 0; i < 3; i++) await tick(pool, { tasks: [x] });
+      } finally {
+        await pool.end();
+      }
+      expect((await c.query(`SELECT state::text, unfinished FROM outlive.runs WHERE id = $1`, [run.id])).rows[0]).toEqual({ state: 'succeeded', unfinished: 0 });
+    } finally {
+      await c.end();
+      await drop();
+    }
+  });
+
   it('fails with the database’s own message on a URL that does not answer', async () => {
     await expect(migrate('postgres://postgres@127.0.0.1:1/nowhere')).rejects.toThrow(/ECONNREFUSED/);
   });

@@ -106,3 +106,15 @@ describe('prefetch', () => {
     await expect(tick(db.pool, { tasks: [t], prefetch: -1 })).rejects.toThrow(/prefetch must be a whole number >= 0/);
   });
 });
+
+describe('the task names a pass knows', () => {
+  it('are recorded by the first pass of a process, and not touched again by the passes that follow within a minute', async () => {
+    const named = defineTask({ name: 'announced', input: z.object({}), run: () => null });
+    await tick(db.pool, { tasks: [named] });
+    const first = await db.rows<{ seen_at: Date; xmin: string; xmax: string }>(`SELECT seen_at, xmin::text, xmax::text FROM outlive.known_tasks WHERE name = 'announced'`);
+    expect(first).toHaveLength(1);
+    for (let i = 0; i < 3; i++) await tick(db.pool, { tasks: [named] });
+    // Not rewritten, and not even locked (an ON CONFLICT that updates nothing still locks the row).
+    expect(await db.rows(`SELECT seen_at, xmin::text, xmax::text FROM outlive.known_tasks WHERE name = 'announced'`)).toEqual([{ ...first[0], xmax: '0' }]);
+  });
+});

@@ -212,17 +212,18 @@ export async function claimTime(url: string, s: ClaimTimeSettings): Promise<Clai
     await pool.query('VACUUM ANALYZE outlive.tasks');
     const fillMs = performance.now() - fillStarted;
 
-    const request = (owner: string) => ({ owner, limit: s.limit, maxTimeoutMs: 30_000, queues: null, leaseGraceMs: 5_000, leaseMs: 30_000, now: null });
+    const request = (owner: string) => ({ owner, limit: s.limit, maxTimeoutMs: 30_000, queues: null, names: ['noop'], leaseGraceMs: 5_000, leaseMs: 30_000, now: null });
     const client = await pool.connect();
     let plan = '';
     try {
       // The plan outlive.claim runs: CLAIM_SQL planned generically, with
-      // sequential scans priced out (the function's settings, migration 0009).
+      // sequential and bitmap scans priced out (the function's settings, migration 0010).
       await client.query('BEGIN');
       await client.query('SET LOCAL plan_cache_mode = force_generic_plan');
       await client.query('SET LOCAL enable_seqscan = off');
+      await client.query('SET LOCAL enable_bitmapscan = off');
       await client.query(`PREPARE bench_claim AS ${CLAIM_SQL}`);
-      const explained = await client.query(`EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim(NULL, 30000, NULL, ${s.limit}, 'bench:explain', 5000, 30000)`);
+      const explained = await client.query(`EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim(NULL, 30000, NULL, ${s.limit}, 'bench:explain', 5000, 30000, '{noop}')`);
       plan = explained.rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
       await client.query('ROLLBACK');
       await client.query('DEALLOCATE bench_claim');

@@ -123,12 +123,40 @@ export async function checkAll(pool: pg.Pool, expected: Expected, now: Date): Pr
   fail('runs with a failed task that did not fail', runStates.filter((r) => r.failed > 0 && r.open === 0 && r.state !== 'failed'));
   // A fan-out that succeeded wrote its spawns exactly once.
   fail(
-    'succeeded fan-outs whose run does not hold children + join + root',
+    'succeeded fan-outs whose run does not hold children + join + root + side + tail',
     await q(
       pool,
-      `SELECT f.run_id, jsonb_array_length(f.input->'children') + 2 AS want, (SELECT count(*)::int FROM outlive.tasks t WHERE t.run_id = f.run_id) AS got
+      `SELECT f.run_id, jsonb_array_length(f.input->'children') + 4 AS want, (SELECT count(*)::int FROM outlive.tasks t WHERE t.run_id = f.run_id) AS got
        FROM outlive.tasks f WHERE f.name = 'chaos.fan' AND f.state = 'succeeded'
-         AND (SELECT count(*) FROM outlive.tasks t WHERE t.run_id = f.run_id) <> jsonb_array_length(f.input->'children') + 2`,
+         AND (SELECT count(*) FROM outlive.tasks t WHERE t.run_id = f.run_id) <> jsonb_array_length(f.input->'children') + 4`,
+    ),
+  );
+  // The tail, spawned to wait for the fan-out, the side step and a child,
+  // ran only after all three succeeded, and counts exactly its unfinished
+  // dependencies while it waits (none negative, no success counted twice).
+  // Judged by the side effects' clock_timestamp(): a claim's started_at is its
+  // transaction's now(), which may precede a settle that committed before the
+  // claim function's own snapshot was taken.
+  fail(
+    'tails that ran before the steps they wait for had succeeded',
+    await q(
+      pool,
+      `SELECT t.run_id, e.attempt, p.step, p.state::text FROM chaos_effects e
+       JOIN outlive.tasks t ON t.id = e.task_id AND t.step = 'tail'
+       JOIN outlive.task_deps d ON d.task_id = t.id JOIN outlive.tasks p ON p.id = d.depends_on
+       LEFT JOIN chaos_effects pe ON pe.task_id = p.id AND pe.token::text = p.output->>'token'
+       WHERE p.state <> 'succeeded' OR pe.at IS NULL OR pe.at > e.at`,
+    ),
+  );
+  fail(
+    'pending tasks whose count of unfinished dependencies is off',
+    await q(
+      pool,
+      `SELECT t.id, t.step, t.waiting_on, (SELECT count(*)::int FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
+                                           WHERE d.task_id = t.id AND p.state <> 'succeeded') AS unfinished
+       FROM outlive.tasks t WHERE t.state = 'pending' AND t.run_id IS NOT NULL
+         AND t.waiting_on <> (SELECT count(*) FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
+                              WHERE d.task_id = t.id AND p.state <> 'succeeded')`,
     ),
   );
 

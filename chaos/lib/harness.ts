@@ -187,7 +187,8 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
           const name = `run-${runNo++}`;
           const children = Array.from({ length: rng.int(config.fanout[0], config.fanout[1]) }, (_, i) => behaviour(rng, -1 - i));
           try {
-            await startRun(pool, name, { root: step(tasks.fan, { children }) });
+            const tail = behaviour(rng, -1_000);
+            await startRun(pool, name, { root: step(tasks.fan, { children, tail }), side: step(tasks.plain, behaviour(rng, -1_001)) });
             expected.runs.add(name);
           } catch {
             enqueueFailures++;

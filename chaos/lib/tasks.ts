@@ -103,13 +103,17 @@ export function chaosTasks(pool: pg.Pool) {
 
   const fan = defineTask({
     name: 'chaos.fan',
-    input: z.object({ children: z.array(behaviour) }),
+    input: z.object({ children: z.array(behaviour), tail: behaviour.optional() }),
     timeoutMs: 3_000,
     retry: { maxAttempts: PLAIN_MAX_ATTEMPTS, backoff: { baseMs: 100, maxMs: 800 } },
-    async run({ children }, ctx) {
+    async run({ children, tail }, ctx) {
       const names = children.map((_, i) => `c${i}`);
       children.forEach((c, i) => ctx.spawn(names[i]!, step(plain, c)));
       ctx.spawn('join', step(join, { expect: children.length }, { after: names }));
+      // Spawned into steps already in the run: this fan-out itself (the
+      // harness names it root), a step started beside it that may be
+      // running in another process, and a child spawned in this attempt.
+      if (tail) ctx.spawn('tail', step(plain, tail, { after: ['root', 'side', names[0]!] }));
       const token = await effect(ctx.taskId, ctx.attempt, 'fan');
       return { token, attempt: ctx.attempt };
     },

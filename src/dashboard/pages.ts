@@ -107,6 +107,10 @@ export function overviewPage(
 <div class="cards" id="task-counts">${TASK_STATES.map((st) => html`<div class="card" data-state="${st}">${badge(st)}<b>${s.tasks[st]}</b></div>`)}
 <div class="card"><span class="muted">oldest ready</span><b>${s.oldestReadyMs === null ? '-' : `${Math.round(s.oldestReadyMs / 1000)}s`}</b></div>
 <div class="card"><span class="muted">failed, last hour</span><b id="failed-hour">${s.failedLastHour}</b></div></div>
+${s.unrunnable.length === 0 ? '' : html`<h2>Ready, but no pass knows them</h2>
+<table id="unrunnable"><thead><tr><th>task</th><th>ready</th><th>why</th></tr></thead><tbody>
+${s.unrunnable.map((u) => html`<tr data-name="${u.name}"><td>${u.name}</td><td>${u.ready}</td><td>${u.why}</td></tr>`)}
+</tbody></table>`}
 <h2>Runs by state</h2>
 <div class="cards" id="run-counts">${RUN_STATES.map((st) => html`<div class="card" data-state="${st}">${badge(st)}<b>${s.runs[st]}</b></div>`)}</div>
 <h2>Tasks finished per minute, last hour</h2>

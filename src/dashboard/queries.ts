@@ -5,6 +5,7 @@
  */
 import { toExecutor, toPool, type Database, type Executor } from '../executor.js';
 import type { ErrorEntry } from '../execute.js';
+import { nobodyRuns, readKnownTasks } from '../known-tasks.js';
 import type { RunState, TaskState } from '../types.js';
 
 /** Every task state, in the order a task lives through them. */
@@ -28,6 +29,8 @@ export interface StatusReport {
   oldestReadyMs: number | null;
   /** Tasks that failed for good in the last hour. */
   failedLastHour: number;
+  /** Ready tasks, by name, that no pass which ran lately knows: they wait for a deploy (or a cancel). */
+  unrunnable: { name: string; ready: number; why: string }[];
   now: Date;
 }
 
@@ -38,7 +41,7 @@ function zeroes<S extends string>(states: readonly S[]): Record<S, number> {
 /** Counts by state and queue, the oldest ready task's wait, and the last hour's failures. */
 export async function status(db: Database): Promise<StatusReport> {
   const q = exec(db);
-  const [byQueue, runs, [extra]] = await Promise.all([
+  const [byQueue, runs, [extra], readyByName, known] = await Promise.all([
     q.query<{ queue: string; state: TaskState; n: number }>(
       `SELECT queue, state::text, count(*)::int AS n FROM outlive.tasks GROUP BY 1, 2 ORDER BY 1, 2`,
     ),
@@ -49,7 +52,16 @@ export async function status(db: Database): Promise<StatusReport> {
               (SELECT count(*)::int FROM outlive.tasks WHERE state = 'failed' AND finished_at > now() - interval '1 hour') AS failed_hour,
               now() AS now`,
     ),
+    q.query<{ name: string; n: number }>(
+      `SELECT name, count(*)::int AS n FROM outlive.tasks WHERE state = 'pending' AND waiting_on = 0 AND run_at <= now() GROUP BY 1 ORDER BY 1`,
+    ),
+    readKnownTasks(q),
   ]);
+  const unrunnable: StatusReport['unrunnable'] = [];
+  for (const r of readyByName) {
+    const why = nobodyRuns(r.name, known);
+    if (why) unrunnable.push({ name: r.name, ready: r.n, why });
+  }
   const tasks = zeroes(TASK_STATES);
   const queues = new Map<string, Record<TaskState, number>>();
   for (const r of byQueue) {
@@ -65,6 +77,7 @@ export async function status(db: Database): Promise<StatusReport> {
     runs: runCounts,
     oldestReadyMs: extra!.oldest_ms === null ? null : Math.round(extra!.oldest_ms),
     failedLastHour: extra!.failed_hour,
+    unrunnable,
     now: extra!.now,
   };
 }
@@ -121,7 +134,7 @@ export async function listTasks(db: Database, filter: TaskFilter = {}): Promise<
     `SELECT ${TASK_COLUMNS} FROM outlive.tasks
      WHERE ($1::text IS NULL OR state::text = $1) AND ($2::text IS NULL OR name = $2)
        AND ($3::text IS NULL OR queue = $3) AND ($4::bigint IS NULL OR run_id = $4)
-     ORDER BY ${filter.byFinished ? 'finished_at DESC NULLS LAST, id DESC' : 'id DESC'} LIMIT $5`,
+     ORDER BY ${filter.byFinished ? 'outlive.tasks.finished_at DESC NULLS LAST, outlive.tasks.id DESC' : 'outlive.tasks.id DESC'} LIMIT $5`,
     [filter.state ?? null, filter.name ?? null, filter.queue ?? null, filter.runId ?? null, filter.limit ?? 50],
   );
   return rows.map(toSummary);
