@@ -4,7 +4,7 @@
  * they are never retried, and those passes fire the handlers' signals at
  * their next lease check.
  */
-import { inTransaction, toPool, type Database } from './executor.js';
+import { inTransactionRetryingDeadlocks, toPool, type Database } from './executor.js';
 import type { RunState } from './types.js';
 
 // Tasks first, run last: the same lock order as settles, so a cancel racing a
@@ -46,7 +46,7 @@ export interface CancelReport {
 export async function cancelRun(db: Database, runId: string, options: { now?: Date; reason?: string } = {}): Promise<CancelReport> {
   const now = options.now ?? null;
   const reason = options.reason ?? 'cancelled';
-  return inTransaction(toPool(db), async (tx): Promise<CancelReport> => {
+  return inTransactionRetryingDeadlocks(toPool(db), async (tx): Promise<CancelReport> => {
     const [run] = await tx.query<{ state: RunState }>(`SELECT state::text FROM outlive.runs WHERE id = $1`, [runId]);
     if (!run) return { cancelled: false, state: null, pendingCancelled: 0, runningCancelled: 0 };
     if (run.state !== 'running') return { cancelled: false, state: run.state, pendingCancelled: 0, runningCancelled: 0 };

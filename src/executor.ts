@@ -146,3 +146,24 @@ export async function transaction<T>(pool: PoolLike, fn: (client: PoolClientLike
 export function inTransaction<T>(pool: PoolLike, fn: (db: Executor) => Promise<T>): Promise<T> {
   return transaction(pool, (client) => fn(toExecutor(client)));
 }
+
+/** Postgres's error code when it broke a deadlock by failing this transaction. */
+const DEADLOCK = '40P01';
+
+/**
+ * As {@link inTransaction}, run again (up to `attempts` times in all) when
+ * Postgres chose this transaction as a deadlock's victim. For operator
+ * actions (cancel, retry) that lock a run's tasks all at once, and so may
+ * meet a settle that locks some of them in another order: the loser of such
+ * a meeting should try again, not fail the operator's call.
+ */
+export async function inTransactionRetryingDeadlocks<T>(pool: PoolLike, fn: (db: Executor) => Promise<T>, attempts = 3): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await inTransaction(pool, fn);
+    } catch (err) {
+      if ((err as { code?: unknown })?.code !== DEADLOCK || attempt >= attempts) throw err;
+    }
+  }
+}
+

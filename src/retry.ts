@@ -4,7 +4,7 @@
  * tasks back to work. The error history stays in the rows.
  */
 import { OutliveError } from './errors.js';
-import { inTransaction, toPool, type Database, type Executor } from './executor.js';
+import { inTransactionRetryingDeadlocks, toPool, type Database, type Executor } from './executor.js';
 import type { RunState, TaskState } from './types.js';
 
 /** What a retry did. */
@@ -80,7 +80,7 @@ async function reviveRun(tx: Executor, runId: string, now: Date | null): Promise
  */
 export async function retryRun(db: Database, runId: string, options: { now?: Date } = {}): Promise<RetryReport> {
   try {
-    return await inTransaction(toPool(db), (tx) => reviveRun(tx, runId, options.now ?? null));
+    return await inTransactionRetryingDeadlocks(toPool(db), (tx) => reviveRun(tx, runId, options.now ?? null));
   } catch (err) {
     if (err instanceof NothingToRetry) return err.report;
     throw err;
@@ -95,7 +95,7 @@ export async function retryRun(db: Database, runId: string, options: { now?: Dat
 export async function retryTask(db: Database, taskId: string, options: { now?: Date } = {}): Promise<RetryReport> {
   const now = options.now ?? null;
   try {
-    return await inTransaction(toPool(db), async (tx) => {
+    return await inTransactionRetryingDeadlocks(toPool(db), async (tx) => {
       const [task] = await tx.query<{ state: TaskState; run_id: string | null }>(
         `SELECT state::text, run_id::text FROM outlive.tasks WHERE id = $1`,
         [taskId],

@@ -174,9 +174,12 @@ function settleWithRuns(pool: PoolLike, owner: string, outcomes: readonly Outcom
  * settle in one statement; the others in one transaction with their run
  * knock-ons. If the batch fails (a spawn naming a step that exists, a value
  * the database refuses, a deadlock between settles of one run), each outcome
- * is retried alone, and one that still cannot be written is settled as a
- * failure carrying the database's error, so one bad outcome never keeps the
- * others from landing.
+ * is retried alone, and one the database still refuses is settled as a
+ * failure carrying its error, so one bad outcome never keeps the others from
+ * landing. A deadlock or serialization failure says nothing about the
+ * outcome: it is tried again, and one that never lands keeps its lease (for
+ * recovery) and fails the call once the others have landed, as
+ * {@link SettleIncompleteError}.
  */
 export async function settle(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
   if (outcomes.length === 0) return [];
@@ -184,35 +187,67 @@ export async function settle(pool: PoolLike, owner: string, outcomes: readonly O
     return await settleBatch(pool, owner, outcomes, now);
   } catch (err) {
     // A lost connection fails every outcome alike: the rows keep their leases.
-    if (!refusedByDatabase(err)) throw err;
-    // One outcome the database refuses must not keep the others from
-    // landing: settle each alone, and one that still cannot be written as a
-    // failure carrying the database's error.
+    if (!refusedByDatabase(err) && !transient(err)) throw err;
     const rows: SettledRow[] = [];
-    for (const outcome of outcomes) {
+    let unlanded: unknown = null;
+    let kept = 0;
+    for (const [i, outcome] of outcomes.entries()) {
       let lastError: unknown;
       let done = false;
-      for (let attempt = 0; attempt < 2 && !done; attempt++) {
+      // Refused twice, it is refused; a lock meeting may take a few tries.
+      for (let attempt = 0, refusals = 0; !done && refusals < 2 && attempt < TRANSIENT_TRIES; attempt++) {
         try {
           rows.push(...(await settleBatch(pool, owner, [outcome], now)));
           done = true;
         } catch (err) {
           lastError = err;
+          if (transient(err)) await new Promise((r) => setTimeout(r, 5 * 2 ** attempt));
+          else if (refusedByDatabase(err)) refusals++;
+          else throw new SettleIncompleteError(err, rows, kept + outcomes.length - i);
         }
       }
-      if (!done) {
-        const err = toError(lastError);
-        const failed: Outcome = {
-          id: outcome.id,
-          runId: outcome.runId,
-          state: 'failed',
-          error: entry(new Error(`could not record the outcome: ${err.message}`, { cause: err }), 0),
-        };
-        rows.push(...(await settleBatch(pool, owner, [failed], now)));
+      if (done) continue;
+      if (transient(lastError)) {
+        unlanded ??= lastError;
+        kept++;
+        continue;
       }
+      const err = toError(lastError);
+      const failed: Outcome = {
+        id: outcome.id,
+        runId: outcome.runId,
+        state: 'failed',
+        error: entry(new Error(`could not record the outcome: ${err.message}`, { cause: err }), 0),
+      };
+      rows.push(...(await settleBatch(pool, owner, [failed], now)));
     }
+    if (unlanded) throw new SettleIncompleteError(unlanded, rows, kept);
     return rows;
   }
+}
+
+/** How often one outcome is tried when the database keeps choosing it as a deadlock's victim. */
+const TRANSIENT_TRIES = 6;
+
+/**
+ * A settle that wrote some outcomes and not others (the connection failed,
+ * or a lock meeting never cleared): `rows` are the ones that landed, and
+ * `kept` outcomes were not written, their rows keeping their leases.
+ */
+export class SettleIncompleteError extends OutliveError {
+  constructor(
+    cause: unknown,
+    readonly rows: SettledRow[],
+    readonly kept: number,
+  ) {
+    super(toError(cause).message, { cause });
+  }
+}
+
+/** Deadlock and serialization failure: the same write may land when tried again. */
+function transient(err: unknown): boolean {
+  const code = (err as { code?: unknown })?.code;
+  return code === '40P01' || code === '40001';
 }
 
 /** Settles one batch: one statement where it can, else a transaction with the run knock-ons. */
@@ -244,12 +279,12 @@ async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Out
 /**
  * True for an error about what was written (a check of ours, or an error the
  * database raised about the statement), not about the connection (SQLSTATE
- * classes 08 and 57, or no SQLSTATE at all).
+ * classes 08 and 57, or no SQLSTATE at all) nor a passing lock meeting.
  */
 function refusedByDatabase(err: unknown): boolean {
   if (err instanceof OutliveError) return true;
   const code = (err as { code?: unknown })?.code;
-  return typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) && !code.startsWith('08') && !code.startsWith('57');
+  return typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) && !code.startsWith('08') && !code.startsWith('57') && !transient(err);
 }
 
 function strip(rows: (SettledRow & { notified?: unknown; runs?: unknown })[]): SettledRow[] {

@@ -13,7 +13,7 @@ import { AttemptAbort, execute, HandBackError, type Heartbeat, type Outcome } fr
 import { toExecutor, toPool, type Database } from './executor.js';
 import { announceTasks } from './known-tasks.js';
 import { recover } from './recover.js';
-import { settle } from './settle.js';
+import { settle, SettleIncompleteError, type SettledRow } from './settle.js';
 import { checkName, taskRegistry, type TaskList } from './task.js';
 
 /** Options of one pass. */
@@ -222,7 +222,17 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       while (queue.length > 0) {
         const batch = queue.splice(0, queue.length);
         try {
-          const rows = await settle(pool, owner, batch, now);
+          let rows: SettledRow[];
+          let kept = 0;
+          try {
+            rows = await settle(pool, owner, batch, now);
+          } catch (err) {
+            // What landed is counted; the rest keep their leases for recovery.
+            if (!(err instanceof SettleIncompleteError)) throw err;
+            dbError ??= err.cause ?? err;
+            rows = err.rows;
+            kept = err.kept;
+          }
           for (const r of rows) {
             if ((r.run_id && r.state !== 'released') || r.state === 'pending') readyCount++;
             if (r.state === 'succeeded') report.succeeded++;
@@ -230,7 +240,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
             else if (r.state === 'released') report.released++;
             else report.failed++;
           }
-          report.lostLeases += batch.length - rows.length;
+          report.lostLeases += batch.length - rows.length - kept;
         } catch (err) {
           // The rows keep their leases; recovery hands them back after expiry.
           dbError ??= err;
@@ -249,23 +259,26 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // tasks never sends this query.
   const leaseCheckMs = options.leaseCheckMs ?? 1_000;
   const active = new Map<string, { abort: AttemptAbort; since: number }>();
-  let checking = false;
-  const checkLeases = async () => {
+  // The check in flight, awaited before the pass returns: the caller may
+  // close the pool as soon as it does.
+  let checking: Promise<void> | null = null;
+  const checkLeases = () => {
     if (checking) return;
     const cutoff = performance.now() - leaseCheckMs;
     const ids = [...active].filter(([, a]) => a.since <= cutoff).map(([id]) => id);
     if (ids.length === 0) return;
-    checking = true;
-    try {
-      const lost = await exec.query<{ id: string }>(HEARTBEAT_SQL, [ids, owner, now, leaseMs, leaseGraceMs]);
-      for (const { id } of lost) active.get(id)?.abort.abort(new LeaseLostError(id));
-    } catch {
-      // A failed check is retried at the next interval; settling is what guards correctness.
-    } finally {
-      checking = false;
-    }
+    checking = (async () => {
+      try {
+        const lost = await exec.query<{ id: string }>(HEARTBEAT_SQL, [ids, owner, now, leaseMs, leaseGraceMs]);
+        for (const { id } of lost) active.get(id)?.abort.abort(new LeaseLostError(id));
+      } catch {
+        // A failed check is retried at the next interval; settling is what guards correctness.
+      } finally {
+        checking = null;
+      }
+    })();
   };
-  const watcher = setInterval(() => void checkLeases(), leaseCheckMs);
+  const watcher = setInterval(checkLeases, leaseCheckMs);
 
   const onWake = () => {
     readyCount++;
@@ -456,6 +469,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   await flush();
   await recovering;
   clearInterval(watcher);
+  await checking;
   options.abort?.removeEventListener('abort', handBackAll);
   options.wakeups?.removeEventListener('wake', onWake);
   report.durationMs = Math.round(performance.now() - started);

@@ -12,8 +12,8 @@
  * the rules gives.
  *
  * `OUTLIVE_PROPERTY_RUNS` sets how many runs (default 100) and
- * `OUTLIVE_PROPERTY_SEED` replays one; a failure prints the seed and the
- * shrunk run.
+ * `OUTLIVE_PROPERTY_SEED` (with `OUTLIVE_PROPERTY_PATH`, the path fast-check
+ * prints) replays one; a failure prints the seed and the shrunk run.
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
@@ -262,11 +262,16 @@ async function play(scn: Scenario): Promise<void> {
     const shape = scn.rounds[r % scn.rounds.length]!;
     const now = roundTime(r);
     const passes = Array.from({ length: shape.passes }, () => tick(db.pool, { tasks: [prop], concurrency: shape.concurrency, prefetch: shape.prefetch, now }));
-    if (scn.cancelAt === r) {
-      const report = await cancelRun(db.pool, run.id, { now });
-      if (report.cancelled) succeededAtCancel = await succeededSteps();
+    try {
+      if (scn.cancelAt === r) {
+        const report = await cancelRun(db.pool, run.id, { now });
+        if (report.cancelled) succeededAtCancel = await succeededSteps();
+      }
+    } finally {
+      // Whatever failed, the passes end before the next run (a shrink) begins.
+      const settled = await Promise.allSettled(passes);
+      for (const p of settled) if (p.status === 'rejected') throw p.reason;
     }
-    await Promise.all(passes);
     await checkRows(o, `round ${r}`);
     const state = await runState();
     if (state === 'running') continue;
@@ -292,10 +297,12 @@ async function play(scn: Scenario): Promise<void> {
     `SELECT state::text, failed_task_id::text, error FROM outlive.runs WHERE id = $1`,
     [run.id],
   );
-  const rows = await db.rows<{ id: string; step: string; state: string; finished_at: Date | null }>(
-    `SELECT id::text, step, state::text, finished_at FROM outlive.tasks WHERE run_id = $1`,
+  const rows = await db.rows<{ id: string; step: string; state: string; finished_at: Date | null; attempts: number; errors: { attempt: number; message: string }[] }>(
+    `SELECT id::text, step, state::text, finished_at, attempts, errors FROM outlive.tasks WHERE run_id = $1`,
     [run.id],
   );
+  // What each row went through, for the message of a failed comparison.
+  const story = rows.map((t) => `${t.step}: ${t.state} after ${t.attempts} attempt(s), starts ${o.starts.get(t.step) ?? 0}; ${t.errors.map((e) => `#${e.attempt} ${e.message}`).join(' | ')}`).join('\n');
   expect(final!.state, 'the run finished').not.toBe('running');
   const actual = Object.fromEntries(rows.map((t) => [t.step, t.state]));
   if (succeededAtCancel) {
@@ -305,7 +312,7 @@ async function play(scn: Scenario): Promise<void> {
   }
   // No cancel standing since the last retry: the model says what every step ends as.
   const m = model(scn, retried ? succeededAtRetry : new Set(), retried ? startsAtRetry : new Map());
-  expect(actual).toEqual(Object.fromEntries([...m.states].map(([k, v]) => [k, v])));
+  expect(actual, `${retried ? 'retried; ' : ''}rows:\n${story}`).toEqual(Object.fromEntries([...m.states].map(([k, v]) => [k, v])));
   const failed = rows.filter((t) => t.state === 'failed');
   if (failed.length === 0) {
     expect(final!.state).toBe('succeeded');
@@ -325,6 +332,7 @@ describe('runs, against a model of their rules', () => {
 
   it(`random graphs, spawns, outcomes, passes, cancels and retries (${numRuns} runs, seed ${seed})`, { timeout: Math.max(60_000, numRuns * 10_000) }, async () => {
     console.log(`runs property: seed ${seed}, ${numRuns} runs (replay: OUTLIVE_PROPERTY_SEED=${seed} npx vitest run test/runs.property.test.ts)`);
-    await fc.assert(fc.asyncProperty(scenarioArb, play), { numRuns, seed });
+    const path = process.env.OUTLIVE_PROPERTY_PATH;
+    await fc.assert(fc.asyncProperty(scenarioArb, play), { numRuns, seed, ...(path ? { path } : {}) });
   });
 });

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { ConfigError, defineTask, enqueue, NonRetriableError, RetryAfterError, startRun, step, tick } from '../src/index.js';
+import { ConfigError, defineTask, enqueue, NonRetriableError, PassError, RetryAfterError, startRun, step, tick } from '../src/index.js';
 import { claim } from '../src/claim.js';
 import { toExecutor, type PoolLike } from '../src/executor.js';
 import { DROP_SQL, settle, SETTLE_RUN_TASKS_SQL, SETTLE_SQL, SUCCEED_RUN_TASKS_SQL, SUCCEED_SQL } from '../src/settle.js';
@@ -446,5 +446,57 @@ describe('settle plans', () => {
       await client.query('ROLLBACK');
       client.release();
     }
+  });
+});
+
+// A deadlock (or a serialization failure) says nothing about the outcome:
+// the same write may land a moment later. Recorded as the task's failure,
+// it turned a lock meeting (a settle and a cancel of one run, each locking
+// some of its tasks) into a task failed for good.
+describe('a settle the database fails for a moment', () => {
+  /** Makes the next `times` writes of task `id`'s success fail as a deadlock's victim. */
+  async function deadlockSettlesOf(id: string, times: number) {
+    const fresh = `fake_deadlock_${id}`;
+    await db.pool.query(`CREATE SEQUENCE ${fresh}`);
+    await db.pool.query(`CREATE FUNCTION ${fresh}() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF nextval('${fresh}') <= ${times} THEN RAISE EXCEPTION 'deadlock detected (made by the test)' USING ERRCODE = '40P01'; END IF;
+        RETURN NEW;
+      END $$`);
+    await db.pool.query(`CREATE TRIGGER ${fresh} BEFORE UPDATE ON outlive.tasks FOR EACH ROW
+                         WHEN (OLD.id = ${Number(id)} AND NEW.state = 'succeeded') EXECUTE FUNCTION ${fresh}()`);
+    return () => db.pool.query(`DROP TRIGGER ${fresh} ON outlive.tasks; DROP FUNCTION ${fresh}(); DROP SEQUENCE ${fresh}`);
+  }
+
+  it('is tried again until it lands, and the task succeeds', async () => {
+    const ok = defineTask({ name: 'lands-later', input: z.object({ n: z.number() }), run: ({ n }) => n });
+    const a = await enqueue(db.pool, ok, { n: 1 });
+    const b = await enqueue(db.pool, ok, { n: 2 });
+    const undo = await deadlockSettlesOf(b.id, 3);
+    try {
+      expect(await tick(db.pool, { tasks: [ok], concurrency: 2 })).toMatchObject({ succeeded: 2, failed: 0 });
+    } finally {
+      await undo();
+    }
+    expect(await taskRow(db.pool, a.id)).toMatchObject({ state: 'succeeded', output: 1 });
+    expect(await taskRow(db.pool, b.id)).toMatchObject({ state: 'succeeded', output: 2, last_error: null });
+  });
+
+  it('keeps its lease when it never lands (for recovery to hand back): the pass says so, and the others settle', async () => {
+    const ok = defineTask({ name: 'never-lands', input: z.object({ n: z.number() }), run: ({ n }) => n });
+    const a = await enqueue(db.pool, ok, { n: 1 });
+    const b = await enqueue(db.pool, ok, { n: 2 });
+    const undo = await deadlockSettlesOf(b.id, 1_000);
+    let err: unknown;
+    try {
+      err = await tick(db.pool, { tasks: [ok], concurrency: 2 }).catch((e: unknown) => e);
+    } finally {
+      await undo();
+    }
+    expect(err).toBeInstanceOf(PassError);
+    expect((err as PassError).message).toMatch(/deadlock detected/);
+    expect((err as PassError).report).toMatchObject({ succeeded: 1, failed: 0 });
+    expect(await taskRow(db.pool, a.id)).toMatchObject({ state: 'succeeded' });
+    expect(await taskRow(db.pool, b.id)).toMatchObject({ state: 'running', last_error: null });
   });
 });

@@ -118,3 +118,35 @@ describe('the task names a pass knows', () => {
     expect(await db.rows(`SELECT seen_at, xmin::text, xmax::text FROM outlive.known_tasks WHERE name = 'announced'`)).toEqual([{ ...first[0], xmax: '0' }]);
   });
 });
+
+describe('a pass that returns', () => {
+  // A lease check in flight when the last task settled went on after tick()
+  // resolved: on a serverless platform the pool is closed right then, and a
+  // test's cleanup deadlocked against the late heartbeat.
+  it('has no query of its own still in flight, its lease checks included', async () => {
+    let inFlight = 0;
+    let heartbeats = 0;
+    const slowHeartbeats = {
+      query: async (...args: Parameters<typeof db.pool.query>) => {
+        inFlight++;
+        try {
+          const text = typeof args[0] === 'string' ? args[0] : (args[0] as { text: string }).text;
+          if (text.includes('lease_expires_at = greatest')) {
+            heartbeats++;
+            await new Promise((r) => setTimeout(r, 250));
+          }
+          return await (db.pool.query as (...a: unknown[]) => Promise<unknown>)(...args);
+        } finally {
+          inFlight--;
+        }
+      },
+      connect: () => db.pool.connect(),
+    } as unknown as typeof db.pool;
+    const slow = defineTask({ name: 'slow-beat', input: z.object({}), run: () => new Promise((r) => setTimeout(() => r('done'), 300)) });
+    await enqueue(db.pool, slow, {});
+    const report = await tick(slowHeartbeats, { tasks: [slow], leaseCheckMs: 100 });
+    expect(report.succeeded).toBe(1);
+    expect(heartbeats).toBeGreaterThan(0);
+    expect(inFlight).toBe(0);
+  });
+});
