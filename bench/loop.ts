@@ -28,10 +28,10 @@
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import pg from 'pg';
-import { claim } from '../src/claim.ts';
-import { toExecutor } from '../src/executor.ts';
-import { migrate } from '../src/migrate.ts';
-import { DROP_SQL, SUCCEED_SQL } from '../src/settle.ts';
+import { claim } from '../src/pass/claim.ts';
+import { toExecutor } from '../src/db/executor.ts';
+import { migrate } from '../src/node/migrate.ts';
+import { DROP_SQL, SUCCEED_SQL } from '../src/pass/settle.ts';
 import { Admin, urlFor } from './lib/postgres.ts';
 
 const { values } = parseArgs({

@@ -1,15 +1,23 @@
 #!/usr/bin/env node
-// The `outlive` command. Runs the compiled CLI in dist/; in a source checkout
-// without a build, run it as `node --import tsx bin/outlive.js` and it loads
-// src/cli.ts instead.
+// The `outlive` command. An installed package runs its compiled CLI in dist/.
+// A source checkout (src/ beside this folder) runs src/node/cli.ts through
+// tsx, a dev dependency there, so `npx outlive ...` needs no build and never
+// runs a stale one.
 import { existsSync } from 'node:fs';
 
-const compiled = new URL('../dist/src/cli.js', import.meta.url);
+const source = new URL('../src/node/cli.ts', import.meta.url);
+const compiled = new URL('../dist/src/node/cli.js', import.meta.url);
 let cli;
 try {
-  cli = await import(existsSync(compiled) ? compiled.href : new URL('../src/cli.ts', import.meta.url).href);
+  if (existsSync(source)) {
+    const { register } = await import('tsx/esm/api');
+    register();
+    cli = await import(source.href);
+  } else {
+    cli = await import(compiled.href);
+  }
 } catch (err) {
-  const hint = err?.code === 'ERR_UNKNOWN_FILE_EXTENSION' ? ' (no build in dist/: run `npm run build`, or node --import tsx)' : '';
+  const hint = existsSync(source) ? ' (in a checkout, run `npm install` first)' : '';
   process.stderr.write(`outlive: cannot load the CLI: ${String(err?.message ?? err).split('\n')[0]}${hint}\n`);
   process.exit(1);
 }

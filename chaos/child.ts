@@ -12,7 +12,8 @@
  * unexpected exit, which the orchestrator reports as a finding.
  */
 import pg from 'pg';
-import { createWorker, enqueueDue, tick, type TickReport } from '../src/index.js';
+import { enqueueDue, tick, type TickReport } from '../src/index.js';
+import { createWorker } from '../src/node/index.js';
 import { chaosTasks } from './lib/tasks.js';
 
 const [kind, url, name] = process.argv.slice(2);

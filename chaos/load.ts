@@ -14,8 +14,9 @@
  */
 import pg from 'pg';
 import { z } from 'zod';
-import { applyRetention, defineTask, enqueueMany, migrate, tick } from '../src/index.js';
-import { CLAIM_SQL } from '../src/claim.js';
+import { applyRetention, defineTask, enqueueMany, tick } from '../src/index.js';
+import { migrate } from '../src/node/index.js';
+import { CLAIM_SQL } from '../src/pass/claim.js';
 import { startOwnPostgres } from './lib/postgres.js';
 import { prng, seedFromArgs } from './lib/prng.js';
 

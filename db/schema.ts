@@ -21,29 +21,14 @@ import {
   uniqueIndex,
 } from 'drizzle-orm/pg-core';
 
+import { RUN_STATES, TASK_STATES } from '../src/model/states.js';
+
 export const outlive = pgSchema('outlive');
 
-/**
- * The life of a task:
- * - `pending`: waiting to be claimed (or, with `waiting_on > 0`, waiting for
- *   the tasks it depends on to succeed; or, with `run_at` in the future,
- *   backing off before its next attempt);
- * - `running`: claimed by a pass that holds its lease until `lease_expires_at`;
- * - `succeeded`, `failed`, `cancelled`: final;
- * - `skipped`: final, never run because a task it depends on failed or its run
- *   was cancelled.
- */
-export const taskState = outlive.enum('task_state', [
-  'pending',
-  'running',
-  'succeeded',
-  'failed',
-  'cancelled',
-  'skipped',
-]);
+/** The life of a task and of a run: one list each, in src/model/states.ts. */
+export const taskState = outlive.enum('task_state', TASK_STATES);
 
-/** A run is `running` until its last task settles, then takes its outcome. */
-export const runState = outlive.enum('run_state', ['running', 'succeeded', 'failed', 'cancelled']);
+export const runState = outlive.enum('run_state', RUN_STATES);
 
 /** One error of one attempt, as kept in `tasks.errors`. */
 export interface TaskErrorEntry {

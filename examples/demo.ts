@@ -6,7 +6,7 @@
  */
 import type pg from 'pg';
 import { z } from 'zod';
-import { defineTask, enqueue, NonRetriableError } from '../src/index.js';
+import { defineTask, enqueue, NonRetriableError } from 'outlive';
 
 /** Sends a welcome email; the fake mail service fails 30% of first attempts. */
 export const sendWelcome = defineTask({

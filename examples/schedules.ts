@@ -16,7 +16,7 @@
 import { lookup } from 'node:dns/promises';
 import pg from 'pg';
 import { z } from 'zod';
-import { defineSchedule, defineTask, enqueueMany } from '../src/index.js';
+import { defineSchedule, defineTask, enqueueMany } from 'outlive';
 
 let pool: pg.Pool | undefined;
 

@@ -12,8 +12,12 @@
  * ```
  */
 import { z } from 'zod';
-import { defineTask, NonRetriableError, startRun, step, type Transactional } from '../src/index.js';
-import { toExecutor } from '../src/executor.js';
+import { defineTask, NonRetriableError, startRun, step, type Transactional } from 'outlive';
+
+/** What the tasks write through: a pg or Neon pool. */
+export interface SqlPool {
+  query(text: string, values: unknown[]): Promise<{ rows: unknown[] }>;
+}
 
 /** The example's own tables: pages imported, and imports finished. */
 export const SITE_IMPORT_TABLES = `
@@ -35,7 +39,7 @@ async function get(url: string, signal: AbortSignal): Promise<string> {
  * The tasks need the database for their own writes; `db` is what they write
  * through (a pool in a worker, a per-request pool on a serverless platform).
  */
-export function siteImportTasks(db: () => Transactional) {
+export function siteImportTasks(db: () => SqlPool) {
   const importPage = defineTask({
     name: 'site-import.page',
     input: z.object({ siteId: z.number().int(), url: z.string().url() }),
@@ -45,7 +49,7 @@ export function siteImportTasks(db: () => Transactional) {
       const html = await get(url, ctx.signal);
       const title = /<title>([^<]*)<\/title>/i.exec(html)?.[1] ?? null;
       // Upsert: a page imported twice (at-least-once execution) is stored once.
-      await toExecutor(db()).query(
+      await db().query(
         `INSERT INTO imported_pages (site_id, url, title, bytes) VALUES ($1, $2, $3, $4)
          ON CONFLICT (site_id, url) DO UPDATE SET title = excluded.title, bytes = excluded.bytes, imported_at = now()`,
         [siteId, url, title, html.length],
@@ -58,14 +62,14 @@ export function siteImportTasks(db: () => Transactional) {
     name: 'site-import.finish',
     input: z.object({ siteId: z.number().int() }),
     async run({ siteId }) {
-      const [row] = await toExecutor(db()).query<{ pages: number }>(
+      const { rows } = await db().query(
         `INSERT INTO site_imports (site_id, pages)
          SELECT $1, count(*)::int FROM imported_pages WHERE site_id = $1
          ON CONFLICT (site_id) DO UPDATE SET pages = excluded.pages, finished_at = now()
          RETURNING pages`,
         [siteId],
       );
-      return { pages: row!.pages };
+      return { pages: (rows[0] as { pages: number }).pages };
     },
   });
 

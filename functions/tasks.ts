@@ -8,8 +8,8 @@
  * schema and defaults, never its handler.
  */
 import { z } from 'zod';
-import { defineTask } from '../src/task.js';
-import type { TaskDeps, TasksFor } from './invocation.js';
+import { defineTask } from 'outlive';
+import type { TaskDeps, TasksFor } from 'outlive/cloudflare';
 
 /** An example task: answers with its message and the time it ran. */
 export const ping = defineTask({

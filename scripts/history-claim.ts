@@ -8,9 +8,10 @@
  * It creates a scratch database beside DATABASE_URL's and drops it after.
  */
 import pg from 'pg';
-import { applyRetention, migrate } from '../src/index.js';
-import { claim, CLAIM_SQL } from '../src/claim.js';
-import { toExecutor } from '../src/executor.js';
+import { applyRetention } from '../src/index.js';
+import { migrate } from '../src/node/index.js';
+import { claim, CLAIM_SQL } from '../src/pass/claim.js';
+import { toExecutor } from '../src/db/executor.js';
 import { scratchDatabase } from './local/scratch-db.js';
 
 function percentile(sorted: number[], p: number): number {

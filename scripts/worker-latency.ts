@@ -13,7 +13,8 @@ import { spawn } from 'node:child_process';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import pg from 'pg';
 import { z } from 'zod';
-import { defineTask, enqueue, migrate } from '../src/index.js';
+import { defineTask, enqueue } from '../src/index.js';
+import { migrate } from '../src/node/index.js';
 import { scratchDatabase } from './local/scratch-db.js';
 
 /** Returns the wall-clock moment (ms since the epoch, sub-ms) its handler started. */
@@ -43,7 +44,7 @@ async function main(): Promise<void> {
     await migrate(url);
     child = spawn(
       process.execPath,
-      ['--import', 'tsx', 'bin/outlive.js', 'worker', '--database-url', url, '--tasks', 'scripts/worker-latency.ts', '--no-retention', '--concurrency', '10'],
+      ['--conditions=outlive-source', '--import', 'tsx', 'bin/outlive.js', 'worker', '--database-url', url, '--tasks', 'scripts/worker-latency.ts', '--no-retention', '--concurrency', '10'],
       { cwd: root, stdio: ['ignore', 'pipe', 'inherit'] },
     );
     await new Promise<void>((resolve, reject) => {

@@ -1,27 +1,22 @@
 /**
- * outlive: durable jobs and DAG runs for serverless TypeScript, kept in
- * Postgres rows. This file is the public door; everything else is internal.
+ * `outlive`: the portable core. Define tasks, write them in the caller's
+ * transaction, run passes, and steer runs, on any runtime with `fetch`,
+ * Web Crypto and a Postgres pool (Node, Workers without `nodejs_compat`,
+ * Vercel). It imports neither `pg` nor any Node built-in; what needs Node
+ * (migrate, the LISTEN worker) is `outlive/node`, and the platforms'
+ * handlers are `outlive/cloudflare`, `outlive/vercel` and `outlive/dashboard`.
+ *
+ * This file is the public door; everything else is internal.
  */
-export { defineTask } from './task.js';
-export type { Task, TaskConfig, TaskContext, TaskHandler, TaskInput, TaskOutput, RetryPolicy, AnyTask, TaskList } from './task.js';
-export type { BackoffOptions } from './backoff.js';
-export { enqueue, enqueueMany, MAX_INPUT_BYTES } from './enqueue.js';
-export type { EnqueueOptions, EnqueueManyOptions, EnqueuedTask } from './enqueue.js';
-export { startRun, step } from './runs.js';
-export type { Step, StepOptions, StartedRun } from './runs.js';
-export { cancelRun } from './cancel.js';
-export type { CancelReport } from './cancel.js';
-export { explainRun } from './explain.js';
-export { retryRun, retryTask } from './retry.js';
-export type { RetryReport } from './retry.js';
-export type { ExplainedRun, ExplainedTask } from './explain.js';
-export { tick, PassError, LeaseLostError } from './tick.js';
-export type { TickOptions, TickReport } from './tick.js';
-export { recover } from './recover.js';
-export type { RecoverReport } from './recover.js';
-export { migrate } from './migrate.js';
-export { MAX_OUTPUT_BYTES, TaskTimeoutError, HandBackError } from './execute.js';
-export type { ErrorEntry } from './execute.js';
+
+// Defining tasks and runs.
+export { defineTask } from './model/task.js';
+export type { Task, TaskConfig, TaskContext, TaskHandler, TaskInput, TaskOutput, RetryPolicy, AnyTask, TaskList } from './model/task.js';
+export type { BackoffOptions } from './model/backoff.js';
+export { step } from './model/step.js';
+export type { Step, StepOptions } from './model/step.js';
+export { TASK_STATES, RUN_STATES } from './model/states.js';
+export type { TaskState, RunState } from './model/states.js';
 export {
   OutliveError,
   InvalidEnqueueError,
@@ -30,39 +25,43 @@ export {
   ConfigError,
   NonRetriableError,
   RetryAfterError,
-} from './errors.js';
-export type { Transactional, Database, Executor } from './executor.js';
-export { toExecutor } from './executor.js';
-export type { TaskState, RunState } from './types.js';
+} from './model/errors.js';
+export { MAX_INPUT_BYTES } from './model/row.js';
+export type { EnqueueOptions, EnqueueManyOptions } from './model/row.js';
 
-// Event tick and recurring work (issue 5)
-export { defineSchedule, enqueueDue, isSchedule, ScheduleError, MAX_CATCH_UP } from './schedule.js';
-export type { Schedule, ScheduleConfig, AnySchedule, MissedPolicy, EnqueueDueOptions, EnqueueDueReport, FiredSlot } from './schedule.js';
-export { applyRetention } from './retention.js';
-export type { RetentionOptions, RetentionReport } from './retention.js';
-export { createWorker } from './worker.js';
-export type { Worker, WorkerOptions, WorkerStats, WorkerLogger, StopOptions } from './worker.js';
+// Writing them, in the caller's transaction.
+export { enqueue, enqueueMany } from './write/enqueue.js';
+export type { EnqueuedTask } from './write/enqueue.js';
+export { startRun } from './write/start-run.js';
+export type { StartedRun } from './write/start-run.js';
+export { batchEnqueue, enqueuedFrom } from './write/batch.js';
+export type { BatchingDatabase } from './write/batch.js';
+export { neonPool } from './db/neon.js';
+export type { NeonPoolOptions } from './db/neon.js';
+export type { Transactional, Database } from './db/executor.js';
 
-// Serverless functions (issue 4)
-export { neonPool } from './neon.js';
-export type { NeonPoolOptions } from './neon.js';
-export {
-  nudge,
-  signNudge,
-  verifyNudge,
-  verifySignature,
-  useNonce,
-  rejectStatus,
-  secretsEqual,
-  checkSecret,
-  SIGNATURE_HEADER,
-  DEFAULT_TOLERANCE_MS,
-  MIN_SECRET_LENGTH,
-} from './nudge.js';
-export type { NudgeOptions, NudgeResult, SignOptions, VerifyOptions, Verification, RejectReason } from './nudge.js';
-export { batchEnqueue, enqueueSql, enqueuedFrom } from './batch.js';
-export type { BatchingDatabase } from './batch.js';
+// Passes: claim, run, settle, recover.
+export { tick, PassError, LeaseLostError } from './pass/tick.js';
+export type { TickOptions, TickReport } from './pass/tick.js';
+export { recover } from './pass/recover.js';
+export type { RecoverReport } from './pass/recover.js';
+export { MAX_OUTPUT_BYTES, TaskTimeoutError, HandBackError } from './pass/execute.js';
+export type { ErrorEntry } from './pass/execute.js';
 
-// Dashboard (issue 6)
-export { handleDashboard, MIN_TOKEN_LENGTH } from './dashboard/index.js';
-export type { DashboardOptions } from './dashboard/index.js';
+// Recurring work.
+export { defineSchedule, enqueueDue, isSchedule, ScheduleError, MAX_CATCH_UP } from './maintenance/schedule.js';
+export type { Schedule, ScheduleConfig, AnySchedule, MissedPolicy, EnqueueDueOptions, EnqueueDueReport, FiredSlot } from './maintenance/schedule.js';
+export { applyRetention } from './maintenance/retention.js';
+export type { RetentionOptions, RetentionReport } from './maintenance/retention.js';
+
+// Steering and asking why.
+export { cancelRun } from './admin/cancel.js';
+export type { CancelReport } from './admin/cancel.js';
+export { retryRun, retryTask } from './admin/retry.js';
+export type { RetryReport } from './admin/retry.js';
+export { explainRun } from './admin/explain.js';
+export type { ExplainedRun, ExplainedTask } from './admin/explain.js';
+
+// Waking a drain endpoint right after enqueue.
+export { nudge, signNudge, verifyNudge, checkSecret, SIGNATURE_HEADER, DEFAULT_TOLERANCE_MS, MIN_SECRET_LENGTH } from './http/nudge.js';
+export type { NudgeOptions, NudgeResult, SignOptions, VerifyOptions, Verification, RejectReason } from './http/nudge.js';

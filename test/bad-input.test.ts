@@ -14,34 +14,13 @@ import { migrate as drizzleMigrate } from 'drizzle-orm/node-postgres/migrator';
 import pg from 'pg';
 import { afterAll, describe, expect, it, onTestFinished } from 'vitest';
 import { z } from 'zod';
-import {
-  batchEnqueue,
-  cancelRun,
-  ConfigError,
-  createWorker,
-  defineSchedule,
-  defineTask,
-  enqueue,
-  enqueueDue,
-  enqueueMany,
-  explainRun,
-  InvalidEnqueueError,
-  InvalidGraphError,
-  migrate,
-  MAX_INPUT_BYTES,
-  PassError,
-  signNudge,
-  SIGNATURE_HEADER,
-  startRun,
-  step,
-  tick,
-  type AnyTask,
-} from '../src/index.js';
-import { MIGRATIONS_FOLDER } from '../src/migrate.js';
-import { status } from '../src/dashboard/queries.js';
-import { CLAIM_FUNCTION } from '../src/claim.js';
-import { createDrainRoute } from '../functions/vercel/routes.js';
-import type { FunctionsEnv } from '../functions/invocation.js';
+import { batchEnqueue, cancelRun, ConfigError, defineSchedule, defineTask, enqueue, enqueueDue, enqueueMany, explainRun, InvalidEnqueueError, InvalidGraphError, MAX_INPUT_BYTES, PassError, signNudge, SIGNATURE_HEADER, startRun, step, tick, type AnyTask } from '../src/index.js';
+import { createWorker, migrate } from '../src/node/index.js';
+import { MIGRATIONS_FOLDER } from '../src/node/migrate.js';
+import { status } from '../src/admin/queries.js';
+import { CLAIM_FUNCTION } from '../src/pass/claim.js';
+import { createDrainRoute } from '../src/http/vercel.js';
+import type { FunctionsEnv } from '../src/http/invocation.js';
 import { freshDb } from './support/db.js';
 import { roleUrl } from './support/functions-db.js';
 import { startWsProxy } from './support/ws-proxy.js';

@@ -2,8 +2,8 @@ import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineTask, enqueue, enqueueMany, tick } from '../src/index.js';
-import { claim } from '../src/claim.js';
-import { toExecutor } from '../src/executor.js';
+import { claim } from '../src/pass/claim.js';
+import { toExecutor } from '../src/db/executor.js';
 import { freshDb } from './support/db.js';
 import { countByState, createEffects, recordingTask } from './support/tasks.js';
 
@@ -123,7 +123,7 @@ describe('claim', () => {
       SELECT 'done', 'succeeded', '{}', 1, 1000, now() FROM generate_series(1, 20000)`);
     await db.pool.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) SELECT 'todo', '{}', 1, 1000 FROM generate_series(1, 5)`);
     await db.pool.query('ANALYZE outlive.tasks');
-    const { CLAIM_SQL } = await import('../src/claim.js');
+    const { CLAIM_SQL } = await import('../src/pass/claim.js');
     const client = await db.pool.connect();
     try {
       await client.query('BEGIN');
@@ -139,7 +139,7 @@ describe('claim', () => {
   });
 
   it('runs CLAIM_SQL, character for character, inside outlive.claim', async () => {
-    const { CLAIM_SQL, CLAIM_FUNCTION } = await import('../src/claim.js');
+    const { CLAIM_SQL, CLAIM_FUNCTION } = await import('../src/pass/claim.js');
     const [fn] = await db.rows<{ src: string; config: string[] }>(
       `SELECT prosrc AS src, proconfig AS config FROM pg_proc WHERE oid = to_regprocedure($1)`,
       [CLAIM_FUNCTION],
@@ -153,7 +153,7 @@ describe('claim', () => {
   // see first: empty and never analyzed, a few rows, many.
   it('plans the claim by index on an empty table, a small one and a big one', async () => {
     const fresh = await freshDb();
-    const { CLAIM_SQL } = await import('../src/claim.js');
+    const { CLAIM_SQL } = await import('../src/pass/claim.js');
     const client = await fresh.pool.connect();
     const plans: string[] = [];
     try {

@@ -18,7 +18,7 @@ const TASKS = 'test/fixtures/cli-tasks.ts';
 function cli(args: string[], env: Record<string, string> = {}): Promise<{ code: number | null; out: string; err: string }> {
   return new Promise((resolve, reject) => {
     const { DATABASE_URL: _drop, ...rest } = process.env;
-    const child = spawn(process.execPath, ['--import', 'tsx', 'bin/outlive.js', ...args], { cwd: root, env: { ...rest, ...env } });
+    const child = spawn(process.execPath, ['--conditions=outlive-source', '--import', 'tsx', 'bin/outlive.js', ...args], { cwd: root, env: { ...rest, ...env } });
     let out = '';
     let err = '';
     child.stdout.on('data', (c: Buffer) => (out += String(c)));

@@ -31,7 +31,7 @@ async function cutWhileWaiting(op: 'cancelRun' | 'enqueueDue', lockSql: string, 
   await holder.connect();
   await holder.query('BEGIN');
   await holder.query(lockSql, lockParams);
-  const proc = spawn(process.execPath, ['--import', 'tsx', child, db.url, op, runId], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(process.execPath, ['--conditions=outlive-source', '--import', 'tsx', child, db.url, op, runId], { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   let err = '';
   proc.stdout.on('data', (c: Buffer) => (out += String(c)));

@@ -1,27 +1,25 @@
 /**
- * The dashboard in a real browser: Debian's headless Chromium driven by
- * playwright-core, against the dashboard's handler served on 127.0.0.1 over a
- * real database. With OUTLIVE_SCREENSHOTS=1 it saves screenshots of the main
+ * The dashboard in a real browser: headless Chromium (see
+ * test/support/browser.ts for which) driven by playwright-core, against the
+ * dashboard's handler served on 127.0.0.1 over a real database. With OUTLIVE_SCREENSHOTS=1 it saves screenshots of the main
  * views in docs/screenshots (otherwise in a temporary folder).
- *
- * Needs Chromium at /usr/bin/chromium (`apt-get install -y chromium`), or the
- * path in OUTLIVE_CHROMIUM. Without it the test fails and says so; it never skips.
+
  */
-import { existsSync, mkdirSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { chromium, type Browser, type Page } from 'playwright-core';
+import type { Browser, Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { enqueue, startRun, step, tick } from '../src/index.js';
-import { handleDashboard } from '../src/dashboard/index.js';
+import { handleDashboard } from '../src/http/dashboard/index.js';
 import { serveHandler } from '../scripts/local/http.js';
+import { launchChromium } from './support/browser.js';
 import { freshDb } from './support/db.js';
 import { explode, fixExplode, greet, tasks } from './fixtures/cli-tasks.js';
 
 const db = await freshDb();
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const CHROMIUM = process.env.OUTLIVE_CHROMIUM ?? '/usr/bin/chromium';
 const TOKEN = 'browser-test-token-0123456789';
 // The docs' screenshots are refreshed on request (OUTLIVE_SCREENSHOTS=1), so a test run leaves the tree clean.
 const shots = process.env.OUTLIVE_SCREENSHOTS ? path.join(root, 'docs/screenshots') : path.join(os.tmpdir(), `outlive-screenshots-${process.pid}`);
@@ -33,13 +31,7 @@ let browser: Browser;
 let page: Page;
 
 beforeAll(async () => {
-  if (!existsSync(CHROMIUM)) {
-    throw new Error(`Chromium is not installed at ${CHROMIUM}: the dashboard's browser tests need it (apt-get install -y chromium, or set OUTLIVE_CHROMIUM to its path)`);
-  }
-  browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
-  });
+  ({ browser } = await launchChromium());
   page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
 });
 

@@ -4,8 +4,8 @@
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import { enqueue, tick } from '../src/index.js';
-import { createDashboardRoute } from '../functions/vercel/dashboard.js';
-import type { FunctionsEnv } from '../functions/invocation.js';
+import { createDashboardRoute } from '../src/http/vercel.js';
+import type { FunctionsEnv } from '../src/http/invocation.js';
 import { freshDb } from './support/db.js';
 import { roleUrl } from './support/functions-db.js';
 import { startWsProxy } from './support/ws-proxy.js';

@@ -5,8 +5,8 @@ import { drizzle } from 'drizzle-orm/node-postgres';
 import { migrate as drizzleMigrate } from 'drizzle-orm/node-postgres/migrator';
 import pg from 'pg';
 import { describe, expect, inject, it } from 'vitest';
-import { migrate } from '../src/index.js';
-import { MIGRATIONS_FOLDER } from '../src/migrate.js';
+import { migrate } from '../src/node/index.js';
+import { MIGRATIONS_FOLDER } from '../src/node/migrate.js';
 
 /** Applies the migrations up to and including `last` (a journal tag's number), as an older outlive would have. */
 async function migrateUpTo(client: pg.Client, last: number): Promise<void> {
@@ -123,6 +123,28 @@ describe('migrate', () => {
         await pool.end();
       }
       expect((await c.query(`SELECT state::text, unfinished FROM outlive.runs WHERE id = $1`, [run.id])).rows[0]).toEqual({ state: 'succeeded', unfinished: 0 });
+    } finally {
+      await c.end();
+      await drop();
+    }
+  });
+
+  // migrate() applies the files itself (an app need not have drizzle-orm);
+  // databases migrated by earlier releases used drizzle's migrator.
+  it("records each file as drizzle's migrator does, so either one goes on from where the other stopped", async () => {
+    const { readMigrationFiles } = await import('drizzle-orm/migrator');
+    const { readMigrations } = await import('../src/node/migrate.js');
+    const ours = readMigrations(MIGRATIONS_FOLDER).map((m) => ({ hash: m.hash, when: m.when, statements: m.statements }));
+    const theirs = readMigrationFiles({ migrationsFolder: MIGRATIONS_FOLDER }).map((m) => ({ hash: m.hash, when: m.folderMillis, statements: m.sql }));
+    expect(ours).toEqual(theirs);
+    const { url, drop } = await emptyDatabase();
+    const c = new pg.Client({ connectionString: url });
+    await c.connect();
+    try {
+      await migrateUpTo(c, 5);
+      await migrate(url);
+      const rows = (await c.query(`SELECT hash, created_at::float8 AS created_at FROM outlive.migrations ORDER BY id`)).rows;
+      expect(rows).toEqual(ours.map((m) => ({ hash: m.hash, created_at: m.when })));
     } finally {
       await c.end();
       await drop();

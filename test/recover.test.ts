@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineTask, enqueue, recover, startRun, step, tick } from '../src/index.js';
-import { RECOVER_SQL } from '../src/recover.js';
-import { SETTLE_SQL } from '../src/settle.js';
+import { RECOVER_SQL } from '../src/pass/recover.js';
+import { SETTLE_SQL } from '../src/pass/settle.js';
 import { freshDb } from './support/db.js';
 import { taskRow } from './support/tasks.js';
 
@@ -249,8 +249,8 @@ describe('heartbeats', () => {
 
     // A pass that dies leaves a lease of leaseMs + grace, not of the task's 60 s timeout.
     const { id: orphan } = await enqueue(db.pool, slow, {});
-    const { claim } = await import('../src/claim.js');
-    const { toExecutor } = await import('../src/executor.js');
+    const { claim } = await import('../src/pass/claim.js');
+    const { toExecutor } = await import('../src/db/executor.js');
     const t1 = new Date(Date.now() + 60_000);
     const later = (ms: number) => new Date(t1.getTime() + ms);
     expect(await claim(toExecutor(db.pool), { owner: 'dead', limit: 1, maxTimeoutMs: 120_000, queues: null, names: [slow.name], leaseGraceMs: 100, leaseMs: 200, now: t1 })).toHaveLength(1);

@@ -14,7 +14,7 @@ import {
   tick,
   type AnyTask,
 } from '../src/index.js';
-import { startRunStatement } from '../src/runs.js';
+import { startRunStatement } from '../src/write/start-run.js';
 import { freshDb } from './support/db.js';
 import { fanOut } from './support/tasks.js';
 

@@ -1,10 +1,10 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { ConfigError, defineTask, enqueue, NonRetriableError, PassError, RetryAfterError, startRun, step, tick } from '../src/index.js';
-import { claim } from '../src/claim.js';
-import { toExecutor, type PoolLike } from '../src/executor.js';
-import { DROP_SQL, settle, SETTLE_RUN_TASKS_SQL, SETTLE_SQL, SUCCEED_RUN_TASKS_SQL, SUCCEED_SQL } from '../src/settle.js';
-import { HEARTBEAT_SQL } from '../src/tick.js';
+import { claim } from '../src/pass/claim.js';
+import { toExecutor, type PoolLike } from '../src/db/executor.js';
+import { DROP_SQL, settle, SETTLE_RUN_TASKS_SQL, SETTLE_SQL, SUCCEED_RUN_TASKS_SQL, SUCCEED_SQL } from '../src/pass/settle.js';
+import { HEARTBEAT_SQL } from '../src/pass/tick.js';
 import { freshDb } from './support/db.js';
 import { fanOut, taskRow } from './support/tasks.js';
 

@@ -68,7 +68,7 @@ describe('import a site', () => {
     const site = await startSite({ pages: 12, delayMs: 400 });
     try {
       const run = await importSite(db.pool, tasks, 3, site.sitemapUrl);
-      const child = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('./support/site-import-pass.ts', import.meta.url)), db.url], {
+      const child = spawn(process.execPath, ['--conditions=outlive-source', '--import', 'tsx', fileURLToPath(new URL('./support/site-import-pass.ts', import.meta.url)), db.url], {
         stdio: 'ignore',
       });
       // Wait until the child holds page tasks mid-flight, then kill it without warning.

@@ -7,9 +7,9 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineTask, explainRun, startRun, step, tick, type AnyTask } from '../src/index.js';
-import { insertSpawns } from '../src/release.js';
-import { prepareStep } from '../src/runs.js';
-import { inTransaction, toExecutor } from '../src/executor.js';
+import { insertSpawns } from '../src/pass/run-effects.js';
+import { prepareStep } from '../src/model/step.js';
+import { inTransaction, toExecutor } from '../src/db/executor.js';
 import { freshDb } from './support/db.js';
 
 const db = await freshDb();

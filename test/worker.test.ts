@@ -2,15 +2,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import {
-  createWorker,
-  defineSchedule,
-  defineTask,
-  enqueue,
-  type TickReport,
-  type Worker,
-  type WorkerLogger,
-} from '../src/index.js';
+import { defineSchedule, defineTask, enqueue, type TickReport } from '../src/index.js';
+import { createWorker, type Worker, type WorkerLogger } from '../src/node/index.js';
 import { freshDb, type TestDb } from './support/db.js';
 import { createFixtureTables } from './fixtures/worker-tasks.js';
 
@@ -78,7 +71,7 @@ class ChildWorker {
   constructor(url: string, extraArgs: string[] = []) {
     this.proc = spawn(
       process.execPath,
-      ['--import', 'tsx', 'bin/outlive.js', 'worker', '--database-url', url, '--tasks', 'test/fixtures/worker-tasks.ts', '--no-retention', ...extraArgs],
+      ['--conditions=outlive-source', '--import', 'tsx', 'bin/outlive.js', 'worker', '--database-url', url, '--tasks', 'test/fixtures/worker-tasks.ts', '--no-retention', ...extraArgs],
       { cwd: ROOT, env: { ...process.env, DATABASE_URL: url }, stdio: ['ignore', 'pipe', 'pipe'] },
     );
     const onData = (chunk: Buffer) => {

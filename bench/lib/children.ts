@@ -46,7 +46,7 @@ export function outliveRuntime(): Runtime {
   }
   execPath ||= process.execPath;
   // tsx is a devDependency of the repository root; --import resolves it from there.
-  return { execPath, execArgv: ['--import', 'tsx'], version: versionOf(execPath) };
+  return { execPath, execArgv: ['--conditions=outlive-source', '--import', 'tsx'], version: versionOf(execPath) };
 }
 
 /**

@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import type PgModule from 'pg';
 import { z } from 'zod';
 import * as outlive from '../../src/index.ts';
-import { claim, CLAIM_SQL } from '../../src/claim.ts';
+import { claim, CLAIM_SQL } from '../../src/pass/claim.ts';
 import type { Driver, Payload, WorkerSettings } from './protocol.ts';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));

@@ -12,7 +12,7 @@
 import type { Readable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { Miniflare } from 'miniflare';
-import { signNudge, SIGNATURE_HEADER } from '../../src/nudge.ts';
+import { signNudge, SIGNATURE_HEADER } from '../../src/http/nudge.ts';
 import { startWsProxy } from '../../test/support/ws-proxy.ts';
 import { bundleWorker } from '../../scripts/local/bundle.ts';
 

@@ -6,8 +6,8 @@
  * write, not the engine).
  */
 import { z } from 'zod';
-import { defineTask } from '../../src/task.ts';
-import type { TasksFor } from '../../functions/invocation.ts';
+import { defineTask } from '../../src/model/task.ts';
+import type { TasksFor } from '../../src/http/invocation.ts';
 
 const noop = defineTask({
   name: 'noop',

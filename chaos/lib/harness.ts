@@ -7,7 +7,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { enqueueDue, enqueueMany, migrate, recover, startRun, step, tick } from '../../src/index.js';
+import { enqueueDue, enqueueMany, recover, startRun, step, tick } from '../../src/index.js';
+import { migrate } from '../../src/node/index.js';
 import { checkAll, type CheckReport, type Expected } from './check.js';
 import { startOwnPostgres, type OwnPostgres } from './postgres.js';
 import { prng, type Prng } from './prng.js';
@@ -117,7 +118,7 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
     const faults: Record<string, number> = {};
 
     const launch = (name: string, kind: 'worker' | 'tick', childUrl: string): Child => {
-      const proc = spawn(process.execPath, ['--import', 'tsx', path.join(root, 'chaos/child.ts'), kind, childUrl, name], {
+      const proc = spawn(process.execPath, ['--conditions=outlive-source', '--import', 'tsx', path.join(root, 'chaos/child.ts'), kind, childUrl, name], {
         cwd: root,
         stdio: ['ignore', 'pipe', 'pipe'],
       });

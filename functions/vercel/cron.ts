@@ -1,6 +1,6 @@
 /** Vercel's cron route: `GET /api/cron` with `Authorization: Bearer <CRON_SECRET>`. */
+import { createCronRoute } from 'outlive/vercel';
 import { tasks } from '../tasks.js';
-import { createCronRoute } from './routes.js';
 
-/** Runs the cron tick (recovery, then a bounded pass) for Vercel Cron. */
+/** Runs the cron tick (recovery, schedules, retention, then a bounded pass). */
 export const GET = createCronRoute(tasks);

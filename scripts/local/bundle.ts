@@ -13,25 +13,17 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
 export interface BundleOptions {
   /** The module that stands in for `functions/tasks.ts` (a path from the repository root, or absolute). */
   tasksModule?: string;
-  /** Bundles the site-import example with a Worker-safe entry in place of `src/index.ts`. */
-  siteImport?: boolean;
 }
 
 /** The Worker's bundled source, for Miniflare's `script`. */
 export async function bundleWorker(options: BundleOptions = {}): Promise<string> {
   const entry = path.join(root, 'functions/cloudflare.ts');
   const swap: Plugin = {
-    name: 'outlive-swaps',
+    name: 'outlive-tasks',
     setup(b) {
-      if (options.tasksModule) {
-        const tasks = path.resolve(root, options.tasksModule);
-        b.onResolve({ filter: /^\.\/tasks\.js$/ }, (args) => (args.importer === entry ? { path: tasks } : undefined));
-      }
-      if (options.siteImport) {
-        b.onResolve({ filter: /^\.\.\/src\/index\.js$/ }, (args) =>
-          args.importer === path.join(root, 'examples/site-import.ts') ? { path: path.join(root, 'scripts/local/worker-api.ts') } : undefined,
-        );
-      }
+      if (!options.tasksModule) return;
+      const tasks = path.resolve(root, options.tasksModule);
+      b.onResolve({ filter: /^\.\/tasks\.js$/ }, (args) => (args.importer === entry ? { path: tasks } : undefined));
     },
   };
   const result = await build({
@@ -39,7 +31,8 @@ export async function bundleWorker(options: BundleOptions = {}): Promise<string>
     bundle: true,
     format: 'esm',
     platform: 'neutral',
-    conditions: ['workerd', 'worker', 'browser'],
+    // `outlive/...` resolves to this repository's sources (package.json's exports).
+    conditions: ['outlive-source', 'workerd', 'worker', 'browser'],
     mainFields: ['module', 'main'],
     target: 'es2022',
     write: false,
@@ -51,5 +44,5 @@ export async function bundleWorker(options: BundleOptions = {}): Promise<string>
 
 /** The local stack's Worker: `scripts/local/tasks.ts` as its tasks, with the site-import example. */
 export function bundleLocalWorker(): Promise<string> {
-  return bundleWorker({ tasksModule: 'scripts/local/tasks.ts', siteImport: true });
+  return bundleWorker({ tasksModule: 'scripts/local/tasks.ts' });
 }

@@ -4,8 +4,8 @@
  * (writing through the invocation's pool), and a schedule, so the cron tick
  * has something to fire.
  */
-import { defineSchedule } from '../../src/schedule.js';
-import type { TasksFor } from '../../functions/invocation.js';
+import { defineSchedule } from 'outlive';
+import type { TasksFor } from 'outlive/cloudflare';
 import { ping, stampPing } from '../../functions/tasks.js';
 import { siteImportTasks } from '../../examples/site-import.js';
 

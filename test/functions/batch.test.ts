@@ -10,10 +10,10 @@ import { drizzle as drizzlePg } from 'drizzle-orm/node-postgres';
 import { pgTable, text, uuid } from 'drizzle-orm/pg-core';
 import { afterAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { batchEnqueue, enqueuedFrom, enqueueSql } from '../../src/batch.js';
-import { InvalidEnqueueError } from '../../src/errors.js';
-import { defineTask } from '../../src/task.js';
-import { tick } from '../../src/tick.js';
+import { batchEnqueue, enqueuedFrom, enqueueSql } from '../../src/write/batch.js';
+import { InvalidEnqueueError } from '../../src/model/errors.js';
+import { defineTask } from '../../src/model/task.js';
+import { tick } from '../../src/pass/tick.js';
 import { freshDb } from '../support/db.js';
 import { roleUrl } from '../support/functions-db.js';
 import { startNeonHttp } from '../support/neon-http.js';
@@ -127,14 +127,14 @@ describe('enqueueSql in other drivers', () => {
     let taskId = '';
     await expect(
       pgDb.transaction(async (tx) => {
-        taskId = enqueuedFrom(welcome, await tx.execute(enqueueSql(welcome, { signupId: id }))).id;
+        taskId = enqueuedFrom(welcome, await batchEnqueue(tx, welcome, { signupId: id })).id;
         throw new Error('changed my mind');
       }),
     ).rejects.toThrow('changed my mind');
     expect(taskId).not.toBe('');
     expect(await taskRow(db.pool, taskId)).toBeUndefined();
     await pgDb.transaction(async (tx) => {
-      taskId = enqueuedFrom(welcome, await tx.execute(enqueueSql(welcome, { signupId: id }))).id;
+      taskId = enqueuedFrom(welcome, await batchEnqueue(tx, welcome, { signupId: id })).id;
     });
     expect(await taskRow(db.pool, taskId)).toMatchObject({ state: 'pending', input: { signupId: id } });
   });

@@ -3,7 +3,7 @@
  * freshness window, and single use of nonces in the real database.
  */
 import { describe, expect, it } from 'vitest';
-import { toExecutor } from '../../src/executor.js';
+import { toExecutor } from '../../src/db/executor.js';
 import {
   DEFAULT_TOLERANCE_MS,
   secretsEqual,
@@ -11,7 +11,7 @@ import {
   useNonce,
   verifyNudge,
   verifySignature,
-} from '../../src/nudge.js';
+} from '../../src/http/nudge.js';
 import { freshDb } from '../support/db.js';
 
 const db = await freshDb();

@@ -6,11 +6,11 @@
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, describe, expect, it } from 'vitest';
-import { enqueue } from '../../src/enqueue.js';
-import { defineSchedule } from '../../src/schedule.js';
-import { nudge, signNudge, SIGNATURE_HEADER } from '../../src/nudge.js';
-import { createCronRoute, createDrainRoute, VERCEL_BUDGET_MS } from '../../functions/vercel/routes.js';
-import type { FunctionsEnv } from '../../functions/invocation.js';
+import { enqueue } from '../../src/write/enqueue.js';
+import { defineSchedule } from '../../src/maintenance/schedule.js';
+import { nudge, signNudge, SIGNATURE_HEADER } from '../../src/http/nudge.js';
+import { createCronRoute, createDrainRoute, VERCEL_BUDGET_MS } from '../../src/http/vercel.js';
+import type { FunctionsEnv } from '../../src/http/invocation.js';
 import { ping } from '../../functions/tasks.js';
 import { freshDb } from '../support/db.js';
 import { definitions, tasks } from '../support/function-tasks.js';

@@ -3,8 +3,8 @@
  * real PostgreSQL through the Neon WebSocket driver and a local proxy.
  */
 import { afterAll, describe, expect, it } from 'vitest';
-import { enqueue } from '../../src/enqueue.js';
-import { nudge, signNudge, SIGNATURE_HEADER } from '../../src/nudge.js';
+import { enqueue } from '../../src/write/enqueue.js';
+import { nudge, signNudge, SIGNATURE_HEADER } from '../../src/http/nudge.js';
 import { freshDb } from '../support/db.js';
 import { definitions } from '../support/function-tasks.js';
 import { roleUrl, waitFor } from '../support/functions-db.js';

@@ -5,8 +5,8 @@
  * (see `tasks.ts`), whose unique constraint proves it ran once.
  */
 import { z } from 'zod';
-import { defineTask } from '../../src/task.js';
-import type { TasksFor } from '../../functions/invocation.js';
+import { defineTask } from '../../src/model/task.js';
+import type { TasksFor } from '../../src/http/invocation.js';
 
 /** Something to run queries on: the invocation's pool in a function, nothing when only enqueueing. */
 interface Queryable {

@@ -5,7 +5,7 @@
  */
 import pg from 'pg';
 import type { TestProject } from 'vitest/node';
-import { migrate } from '../../src/migrate.js';
+import { migrate } from '../../src/node/migrate.js';
 import { startPostgres, type RunningPostgres } from './postgres.js';
 
 // Named for this run, so runs sharing one server (a developer's and CI's) never collide.

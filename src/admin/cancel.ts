@@ -1,0 +1,76 @@
+/**
+ * Cancel: stop a run. Its pending tasks are cancelled at once; its running
+ * tasks are marked cancelled too, so their passes' settles match nothing and
+ * they are never retried, and those passes fire the handlers' signals at
+ * their next lease check.
+ */
+import { inTransactionRetryingDeadlocks, toPool, type Database } from '../db/executor.js';
+import type { RunState } from '../model/states.js';
+
+// Tasks first, run last: the same lock order as settles, so a cancel racing a
+// settle of the same run queues behind it instead of deadlocking.
+const CANCEL_TASKS_SQL = `
+WITH locked AS (
+  SELECT id, state FROM outlive.tasks
+  WHERE run_id = $1 AND state IN ('pending', 'running')
+  ORDER BY id FOR UPDATE
+)
+UPDATE outlive.tasks t
+SET state = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
+    last_error = coalesce($3, t.last_error),
+    finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
+FROM locked WHERE t.id = locked.id
+RETURNING locked.state::text AS was`;
+
+const CANCEL_RUN_SQL = `
+UPDATE outlive.runs
+SET state = 'cancelled', unfinished = 0, error = coalesce(error, $3),
+    finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
+WHERE id = $1 AND state = 'running'
+RETURNING id`;
+
+/** What a cancel did. */
+export interface CancelReport {
+  /** False when the run had already finished (or does not exist); nothing changed then. */
+  cancelled: boolean;
+  /** The run's state after the call, or null if there is no such run. */
+  state: RunState | null;
+  pendingCancelled: number;
+  runningCancelled: number;
+}
+
+/**
+ * Cancels a run that is still running. Safe to call twice; a finished run is
+ * left as it is.
+ */
+export async function cancelRun(db: Database, runId: string, options: { now?: Date; reason?: string } = {}): Promise<CancelReport> {
+  const now = options.now ?? null;
+  const reason = options.reason ?? 'cancelled';
+  return inTransactionRetryingDeadlocks(toPool(db), async (tx): Promise<CancelReport> => {
+    const [run] = await tx.query<{ state: RunState }>(`SELECT state::text FROM outlive.runs WHERE id = $1`, [runId]);
+    if (!run) return { cancelled: false, state: null, pendingCancelled: 0, runningCancelled: 0 };
+    if (run.state !== 'running') return { cancelled: false, state: run.state, pendingCancelled: 0, runningCancelled: 0 };
+    const first = await tx.query<{ was: string }>(CANCEL_TASKS_SQL, [runId, now, reason]);
+    const closed = await tx.query(CANCEL_RUN_SQL, [runId, now, reason]);
+    if (closed.length === 0) {
+      // Another transaction finished the run meanwhile; ours is rolled back below.
+      throw new RunChangedError();
+    }
+    // A settle that committed while we waited on its lock may have spawned
+    // steps our first statement could not see; this one sees them.
+    const second = await tx.query<{ was: string }>(CANCEL_TASKS_SQL, [runId, now, reason]);
+    const all = [...first, ...second];
+    return {
+      cancelled: true,
+      state: 'cancelled',
+      pendingCancelled: all.filter((r) => r.was === 'pending').length,
+      runningCancelled: all.filter((r) => r.was === 'running').length,
+    };
+  }).catch(async (err: unknown) => {
+    if (!(err instanceof RunChangedError)) throw err;
+    const [row] = (await toPool(db).query(`SELECT state::text FROM outlive.runs WHERE id = $1`, [runId])).rows as { state: RunState }[];
+    return { cancelled: false, state: row?.state ?? null, pendingCancelled: 0, runningCancelled: 0 };
+  });
+}
+
+class RunChangedError extends Error {}

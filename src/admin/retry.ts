@@ -1,0 +1,127 @@
+/**
+ * Retry by hand: put a task that failed for good (or was cancelled) back to
+ * pending with a fresh set of attempts, or a finished run's unsuccessful
+ * tasks back to work. The error history stays in the rows.
+ */
+import { OutliveError } from '../model/errors.js';
+import { inTransactionRetryingDeadlocks, toPool, type Database, type Executor } from '../db/executor.js';
+import type { RunState, TaskState } from '../model/states.js';
+
+/** What a retry did. */
+export interface RetryReport {
+  /** False when there was nothing to retry (see `state` and `reason`). */
+  retried: boolean;
+  /** The task's (or run's) state after the call; null if it does not exist. */
+  state: TaskState | RunState | null;
+  /** Tasks put back to pending. */
+  tasks: number;
+  /** Why nothing was retried. */
+  reason?: string;
+}
+
+const RETRY_TASK_SQL = `
+UPDATE outlive.tasks
+SET state = 'pending', attempts = 0, run_at = coalesce($2::timestamptz, now()), finished_at = NULL,
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($2::timestamptz, now())
+WHERE id = $1 AND run_id IS NULL AND state IN ('failed', 'cancelled')
+RETURNING id`;
+
+// Tasks first, then the run: the lock order of settles.
+const REVIVE_RUN_TASKS_SQL = `
+WITH locked AS (
+  SELECT id FROM outlive.tasks WHERE run_id = $1 AND state IN ('failed', 'skipped', 'cancelled') ORDER BY id FOR UPDATE
+)
+UPDATE outlive.tasks t
+SET state = 'pending', attempts = 0, run_at = coalesce($2::timestamptz, now()), finished_at = NULL,
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($2::timestamptz, now())
+FROM locked WHERE t.id = locked.id
+RETURNING t.id`;
+
+// Every revived task waits again for its dependencies that have not succeeded.
+const RECOUNT_SQL = `
+UPDATE outlive.tasks t
+SET waiting_on = (SELECT count(*) FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
+                  WHERE d.task_id = t.id AND p.state <> 'succeeded')
+WHERE t.id = ANY($1::bigint[])`;
+
+const REOPEN_RUN_SQL = `
+UPDATE outlive.runs
+SET state = 'running', unfinished = $2, failed_task_id = NULL, error = NULL, finished_at = NULL,
+    updated_at = coalesce($3::timestamptz, now())
+WHERE id = $1 AND state IN ('failed', 'cancelled')
+RETURNING id`;
+
+class NothingToRetry extends Error {
+  constructor(readonly report: RetryReport) {
+    super(report.reason);
+  }
+}
+
+async function reviveRun(tx: Executor, runId: string, now: Date | null): Promise<RetryReport> {
+  const [run] = await tx.query<{ state: RunState }>(`SELECT state::text FROM outlive.runs WHERE id = $1`, [runId]);
+  if (!run) return { retried: false, state: null, tasks: 0, reason: `no run ${runId}` };
+  if (run.state === 'succeeded') return { retried: false, state: run.state, tasks: 0, reason: 'the run succeeded' };
+  if (run.state === 'running') {
+    return { retried: false, state: run.state, tasks: 0, reason: 'the run is still running: retry it once it has finished' };
+  }
+  const revived = await tx.query<{ id: string }>(REVIVE_RUN_TASKS_SQL, [runId, now]);
+  await tx.query(RECOUNT_SQL, [revived.map((r) => r.id)]);
+  const reopened = await tx.query(REOPEN_RUN_SQL, [runId, revived.length, now]);
+  // The run finished between our read and our lock: undo by throwing.
+  if (reopened.length === 0) throw new NothingToRetry({ retried: false, state: null, tasks: 0, reason: 'the run changed meanwhile; try again' });
+  return { retried: true, state: 'running', tasks: revived.length };
+}
+
+/**
+ * Retries a finished run that failed or was cancelled: its failed, skipped
+ * and cancelled tasks go back to pending with fresh attempts (each waiting
+ * again for its dependencies that have not succeeded), and the run is running
+ * again. Succeeded tasks keep their outputs and are not run again.
+ */
+export async function retryRun(db: Database, runId: string, options: { now?: Date } = {}): Promise<RetryReport> {
+  try {
+    return await inTransactionRetryingDeadlocks(toPool(db), (tx) => reviveRun(tx, runId, options.now ?? null));
+  } catch (err) {
+    if (err instanceof NothingToRetry) return err.report;
+    throw err;
+  }
+}
+
+/**
+ * Retries a task that failed for good or was cancelled: pending again at
+ * once, with a fresh set of attempts. A task of a run is retried with its run
+ * (see {@link retryRun}), so the tasks it would have released run too.
+ */
+export async function retryTask(db: Database, taskId: string, options: { now?: Date } = {}): Promise<RetryReport> {
+  const now = options.now ?? null;
+  try {
+    return await inTransactionRetryingDeadlocks(toPool(db), async (tx) => {
+      const [task] = await tx.query<{ state: TaskState; run_id: string | null }>(
+        `SELECT state::text, run_id::text FROM outlive.tasks WHERE id = $1`,
+        [taskId],
+      );
+      if (!task) return { retried: false, state: null, tasks: 0, reason: `no task ${taskId}` };
+      if (task.run_id) {
+        if (task.state !== 'failed' && task.state !== 'cancelled' && task.state !== 'skipped') {
+          return { retried: false, state: task.state, tasks: 0, reason: `the task is ${task.state}` };
+        }
+        return reviveRun(tx, task.run_id, now);
+      }
+      if (task.state !== 'failed' && task.state !== 'cancelled') {
+        return { retried: false, state: task.state, tasks: 0, reason: `the task is ${task.state}, not failed or cancelled` };
+      }
+      try {
+        const rows = await tx.query(RETRY_TASK_SQL, [taskId, now]);
+        return { retried: rows.length === 1, state: rows.length === 1 ? 'pending' : task.state, tasks: rows.length };
+      } catch (err) {
+        if ((err as { code?: string }).code === '23505') {
+          throw new OutliveError(`outlive: task ${taskId} cannot be retried: another unfinished task holds its idempotency key`, { cause: err });
+        }
+        throw err;
+      }
+    });
+  } catch (err) {
+    if (err instanceof NothingToRetry) return err.report;
+    throw err;
+  }
+}

@@ -1,0 +1,192 @@
+/**
+ * The dashboard's pages, rendered on the server: the overview (counts, the
+ * last hour, runs, failures, schedules), a run (its graph and why each task
+ * waits) and a task (input, output, error history). Every value from the
+ * rows goes through {@link html}, which escapes it.
+ */
+import type { ExplainedRun } from '../../admin/explain.js';
+import type { StatusReport, RunSummary, TaskSummary, TaskDetail, ScheduleSummary } from '../../admin/queries.js';
+import { RUN_STATES, TASK_STATES } from '../../model/states.js';
+import { html, raw, type Html } from './html.js';
+import { layoutRun, renderRunGraph, renderThroughput, STATE_COLOURS } from './graph.js';
+
+/** What every page needs to link and post back. */
+export interface PageContext {
+  basePath: string;
+  csrf: string;
+  /** Seconds between automatic refreshes; 0 for none. */
+  refreshSeconds: number;
+  now: Date;
+  flash?: string | null;
+}
+
+const STYLE = raw(`
+body{font:14px/1.4 system-ui,-apple-system,Segoe UI,sans-serif;margin:0;color:#222;background:#f7f7f8}
+header{background:#1f2933;color:#fff;padding:10px 20px;display:flex;gap:20px;align-items:baseline}
+header a{color:#fff;text-decoration:none;font-weight:600}header .muted{color:#aab}
+main{padding:16px 20px;max-width:1400px}
+h1{font-size:20px;margin:4px 0 12px}h2{font-size:16px;margin:22px 0 8px}
+table{border-collapse:collapse;background:#fff;width:100%}
+th,td{text-align:left;padding:5px 8px;border-bottom:1px solid #e4e4e7;vertical-align:top}
+th{background:#eef0f3;font-weight:600}
+td.err,p.err{color:#a31515;max-width:520px;overflow-wrap:anywhere}
+.badge{display:inline-block;padding:1px 7px;border-radius:9px;font-size:12px;border:1px solid #0002}
+.cards{display:flex;flex-wrap:wrap;gap:8px}.card{background:#fff;border:1px solid #e4e4e7;border-radius:6px;padding:8px 12px;min-width:86px}
+.card b{display:block;font-size:20px}.muted{color:#667}
+.bar{display:inline-block;width:120px;height:10px;background:#e4e4e7;border-radius:5px;overflow:hidden;vertical-align:middle}
+.bar span{display:block;height:100%;background:#4caf50}
+form.inline{display:inline}button{font:inherit;padding:2px 10px;cursor:pointer}
+pre{background:#fff;border:1px solid #e4e4e7;padding:8px;overflow:auto;max-height:300px}
+.graph-wrap{overflow:auto;background:#fff;border:1px solid #e4e4e7;max-height:640px}
+svg.graph text{font:12px system-ui,sans-serif}svg.graph text.state{font-size:10px;fill:#333}
+svg.graph .edge{fill:none;stroke:#888;stroke-width:1.2}svg.chart .axis{font:10px system-ui,sans-serif;fill:#667}
+.flash{background:#fff8c5;border:1px solid #e5d38a;padding:6px 10px;margin-bottom:10px}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:3px 14px;background:#fff;padding:10px;border:1px solid #e4e4e7}dt{color:#667}dd{margin:0}
+`);
+
+/** A state as a coloured badge. */
+function badge(state: string): Html {
+  const colour = (STATE_COLOURS as Record<string, string>)[state] ?? '#ddd';
+  return html`<span class="badge state-${state}" style="background:${colour}">${state}</span>`;
+}
+
+function ago(d: Date | null, now: Date): string {
+  if (!d) return '-';
+  const s = Math.round((now.getTime() - d.getTime()) / 1000);
+  const a = Math.abs(s);
+  const text = a < 60 ? `${a}s` : a < 3600 ? `${Math.floor(a / 60)}m` : a < 86400 ? `${Math.floor(a / 3600)}h` : `${Math.floor(a / 86400)}d`;
+  return s >= 0 ? `${text} ago` : `in ${text}`;
+}
+
+function when(d: Date | null, now: Date): Html {
+  if (!d) return html`-`;
+  return html`<time datetime="${d.toISOString()}" title="${d.toISOString()}">${ago(d, now)}</time>`;
+}
+
+function action(ctx: PageContext, path: string, label: string, name: string): Html {
+  return html`<form class="inline" method="post" action="${ctx.basePath}${path}"><input type="hidden" name="csrf" value="${ctx.csrf}"><button type="submit" name="action" value="${name}" data-action="${name}">${label}</button></form>`;
+}
+
+function progress(done: number, total: number): Html {
+  const pct = total === 0 ? 0 : Math.round((done / total) * 100);
+  return html`<span class="bar" title="${pct}%"><span style="width:${pct}%"></span></span> <span class="progress">${done} of ${total}</span>`;
+}
+
+/** Wraps a page's body in the document, with its refresh. */
+export function layout(ctx: PageContext, title: string, body: Html): string {
+  return html`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+${ctx.refreshSeconds > 0 ? html`<meta http-equiv="refresh" content="${ctx.refreshSeconds}">` : ''}
+<title>${title} · outlive</title><style>${STYLE}</style></head>
+<body><header><a href="${ctx.basePath}/">outlive</a><span class="muted">${title}</span><span class="muted" style="margin-left:auto">${ctx.refreshSeconds > 0 ? `refreshes every ${ctx.refreshSeconds}s` : 'not refreshing'} · ${ctx.now.toISOString().slice(0, 19).replace('T', ' ')} UTC</span></header>
+<main>${ctx.flash ? html`<div class="flash" role="status">${ctx.flash}</div>` : ''}${body}</main></body></html>`.value;
+}
+
+function runRows(ctx: PageContext, runs: readonly RunSummary[]): Html {
+  if (runs.length === 0) return html`<p class="muted">No runs yet.</p>`;
+  return html`<table id="runs"><thead><tr><th>run</th><th>name</th><th>state</th><th>progress</th><th>failed</th><th>started</th><th>finished</th></tr></thead><tbody>
+${runs.map((r) => html`<tr data-run="${r.id}"><td><a href="${ctx.basePath}/runs/${r.id}">#${r.id}</a></td><td>${r.name}</td><td>${badge(r.state)}</td><td>${progress(r.done, r.total)}</td><td>${r.failed || ''}</td><td>${when(r.createdAt, ctx.now)}</td><td>${when(r.finishedAt, ctx.now)}</td></tr>`)}
+</tbody></table>`;
+}
+
+function failureRows(ctx: PageContext, failures: readonly TaskSummary[]): Html {
+  if (failures.length === 0) return html`<p class="muted">No failures.</p>`;
+  return html`<table id="failures"><thead><tr><th>task</th><th>name</th><th>run</th><th>attempts</th><th>failed</th><th>error</th><th></th></tr></thead><tbody>
+${failures.map((t) => html`<tr data-task="${t.id}"><td><a href="${ctx.basePath}/tasks/${t.id}">#${t.id}</a></td><td>${t.name}</td><td>${t.runId ? html`<a href="${ctx.basePath}/runs/${t.runId}">#${t.runId}</a> ${t.step ?? ''}` : '-'}</td><td>${t.attempts}/${t.maxAttempts}</td><td>${when(t.finishedAt, ctx.now)}</td><td class="err">${t.lastError ?? ''}</td><td>${action(ctx, `/tasks/${t.id}/retry`, 'Retry', 'retry')}</td></tr>`)}
+</tbody></table>`;
+}
+
+/** The front page. */
+export function overviewPage(
+  ctx: PageContext,
+  data: { status: StatusReport; throughput: { minute: Date; succeeded: number; failed: number }[]; runs: RunSummary[]; failures: TaskSummary[]; schedules: ScheduleSummary[] },
+): string {
+  const s = data.status;
+  const body = html`<h1>Overview</h1>
+<h2>Tasks by state</h2>
+<div class="cards" id="task-counts">${TASK_STATES.map((st) => html`<div class="card" data-state="${st}">${badge(st)}<b>${s.tasks[st]}</b></div>`)}
+<div class="card"><span class="muted">oldest ready</span><b>${s.oldestReadyMs === null ? '-' : `${Math.round(s.oldestReadyMs / 1000)}s`}</b></div>
+<div class="card"><span class="muted">failed, last hour</span><b id="failed-hour">${s.failedLastHour}</b></div></div>
+${s.unrunnable.length === 0 ? '' : html`<h2>Ready, but no pass knows them</h2>
+<table id="unrunnable"><thead><tr><th>task</th><th>ready</th><th>why</th></tr></thead><tbody>
+${s.unrunnable.map((u) => html`<tr data-name="${u.name}"><td>${u.name}</td><td>${u.ready}</td><td>${u.why}</td></tr>`)}
+</tbody></table>`}
+<h2>Runs by state</h2>
+<div class="cards" id="run-counts">${RUN_STATES.map((st) => html`<div class="card" data-state="${st}">${badge(st)}<b>${s.runs[st]}</b></div>`)}</div>
+<h2>Tasks finished per minute, last hour</h2>
+${renderThroughput(data.throughput)}
+<div class="muted">${badge('succeeded')} ${badge('failed')}${s.queues.length > 1 ? html` · queues: ${s.queues.map((q) => `${q.queue} (${q.counts.pending} pending, ${q.counts.running} running)`).join(', ')}` : ''}</div>
+<h2>Runs</h2>${runRows(ctx, data.runs)}
+<h2>Failures, newest first</h2>${failureRows(ctx, data.failures)}
+<h2>Schedules</h2>
+${data.schedules.length === 0
+    ? html`<p class="muted">No schedules registered.</p>`
+    : html`<table id="schedules"><thead><tr><th>name</th><th>cron</th><th>task</th><th>last firing</th><th>next firing</th></tr></thead><tbody>
+${data.schedules.map((sc) => html`<tr><td>${sc.name}</td><td><code>${sc.cron}</code> ${sc.timezone}</td><td>${sc.task}</td><td>${sc.lastSlot ? html`${sc.lastSlot.toISOString()} (${when(sc.lastFiredAt, ctx.now)})` : '-'}</td><td>${sc.nextSlot.toISOString()} (${ago(sc.nextSlot, ctx.now)})</td></tr>`)}
+</tbody></table>`}`;
+  return layout(ctx, 'Overview', body);
+}
+
+/** Tasks listed under the graph (the rest are summed up). */
+const MAX_TASK_ROWS = 200;
+
+/** A run: its graph and each task's reason. */
+export function runPage(ctx: PageContext, run: ExplainedRun, edges: { task: string; dependsOn: string }[]): string {
+  const done = run.tasks.filter((t) => t.state !== 'pending' && t.state !== 'running').length;
+  const waiting = [...run.tasks].sort((a, b) => rank(a.state) - rank(b.state) || Number(a.id) - Number(b.id));
+  const body = html`<h1>Run #${run.id}: ${run.name} ${badge(run.state)}</h1>
+<p>${progress(done, run.tasks.length)} · ${TASK_STATES.filter((st) => run.counts[st]).map((st) => html`${badge(st)} ${run.counts[st]} `)}
+· started ${when(run.createdAt, ctx.now)}${run.finishedAt ? html` · finished ${when(run.finishedAt, ctx.now)}` : ''}</p>
+${run.error ? html`<p class="err">Error: ${run.error}</p>` : ''}
+<p>${run.state === 'running' ? action(ctx, `/runs/${run.id}/cancel`, 'Cancel run', 'cancel') : ''}
+${run.state === 'failed' || run.state === 'cancelled' ? action(ctx, `/runs/${run.id}/retry`, 'Retry run', 'retry') : ''}</p>
+<h2>Graph</h2><p class="muted">Each box is a task, left to right by what it waits for; an arrow runs from a task to the one waiting on it. Hover for the reason.</p>
+<div class="graph-wrap">${renderRunGraph(layoutRun(run.tasks, edges), (id) => `${ctx.basePath}/tasks/${id}`)}</div>
+<h2>Tasks and why</h2>
+<table id="run-tasks"><thead><tr><th>task</th><th>step</th><th>state</th><th>attempts</th><th>why</th></tr></thead><tbody>
+${waiting.slice(0, MAX_TASK_ROWS).map((t) => html`<tr data-task="${t.id}" data-state="${t.state}"><td><a href="${ctx.basePath}/tasks/${t.id}">#${t.id}</a></td><td>${t.step ?? t.name}</td><td>${badge(t.state)}</td><td>${t.attempts}/${t.maxAttempts}</td><td>${t.why}</td></tr>`)}
+</tbody></table>
+${waiting.length > MAX_TASK_ROWS ? html`<p class="muted">and ${waiting.length - MAX_TASK_ROWS} more tasks (list them with <code>outlive tasks --run ${run.id}</code>).</p>` : ''}`;
+  return layout(ctx, `Run #${run.id}`, body);
+}
+
+function rank(state: string): number {
+  return ['failed', 'running', 'pending', 'skipped', 'cancelled', 'succeeded'].indexOf(state);
+}
+
+function json(value: unknown): string {
+  return value === null || value === undefined ? '-' : JSON.stringify(value, null, 2);
+}
+
+/** A task: everything its row knows, and its error history. */
+export function taskPage(ctx: PageContext, t: TaskDetail): string {
+  const canRetry = t.state === 'failed' || t.state === 'cancelled' || (t.runId !== null && t.state === 'skipped');
+  const body = html`<h1>Task #${t.id}: ${t.name} ${badge(t.state)}</h1>
+<p>${canRetry ? action(ctx, `/tasks/${t.id}/retry`, t.runId ? 'Retry (with its run)' : 'Retry', 'retry') : ''}</p>
+<dl>
+<dt>queue</dt><dd>${t.queue} (priority ${t.priority})</dd>
+<dt>attempts</dt><dd>${t.attempts} of ${t.maxAttempts}, timeout ${t.timeoutMs} ms</dd>
+${t.runId ? html`<dt>run</dt><dd><a href="${ctx.basePath}/runs/${t.runId}">#${t.runId}</a>, step ${t.step ?? '-'}</dd>` : ''}
+${t.dependsOn.length ? html`<dt>waits for</dt><dd>${t.dependsOn.map((d) => html`<a href="${ctx.basePath}/tasks/${d.id}">${d.step ?? `#${d.id}`}</a> ${badge(d.state)} `)}</dd>` : ''}
+${t.key ? html`<dt>key</dt><dd>${t.key}</dd>` : ''}
+<dt>created</dt><dd>${t.createdAt.toISOString()} (${ago(t.createdAt, ctx.now)})</dd>
+<dt>runs at</dt><dd>${t.runAt.toISOString()} (${ago(t.runAt, ctx.now)})</dd>
+<dt>started</dt><dd>${t.startedAt ? t.startedAt.toISOString() : '-'}</dd>
+<dt>finished</dt><dd>${t.finishedAt ? t.finishedAt.toISOString() : '-'}</dd>
+${t.leaseOwner ? html`<dt>lease</dt><dd>${t.leaseOwner} until ${t.leaseExpiresAt?.toISOString() ?? '-'}</dd>` : ''}
+</dl>
+<h2>Input</h2><pre id="input">${json(t.input)}</pre>
+<h2>Output</h2><pre id="output">${json(t.output)}</pre>
+<h2>Errors</h2>
+${t.errors.length === 0
+    ? html`<p class="muted">No failed attempts.</p>`
+    : html`<table id="errors"><thead><tr><th>attempt</th><th>at</th><th>error</th></tr></thead><tbody>
+${[...t.errors].reverse().map((e) => html`<tr><td>${e.attempt}</td><td>${e.at}</td><td class="err">${e.name}: ${e.message}</td></tr>`)}
+</tbody></table>`}`;
+  return layout(ctx, `Task #${t.id}`, body);
+}
+
+/** A short page for errors and refusals (nothing from the database on it). */
+export function messagePage(title: string, message: string): string {
+  return html`<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${title} · outlive</title><style>${STYLE}</style></head><body><header><span>outlive</span></header><main><h1>${title}</h1><p>${message}</p></main></body></html>`.value;
+}

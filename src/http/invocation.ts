@@ -1,0 +1,250 @@
+/**
+ * One invocation of a serverless function, whatever the platform: its
+ * settings read from the environment, its own Neon pool, the tasks it runs,
+ * a log that never prints a secret, and the bounded pass itself.
+ *
+ * Platform entry points (`cloudflare.ts`, `vercel/`) only say what their
+ * platform allows (the budget ceiling, whether work may continue after the
+ * response) and hand requests to `drain.ts` and `cron.ts`.
+ */
+import { isWhole } from '../model/checks.js';
+import type { Pool } from '@neondatabase/serverless';
+import { ConfigError, toError } from '../model/errors.js';
+import { neonPool } from '../db/neon.js';
+import type { TaskList } from '../model/task.js';
+import type { AnySchedule } from '../maintenance/schedule.js';
+import { PassError, tick, type TickReport } from '../pass/tick.js';
+
+/** The environment the functions read (Worker bindings, or `process.env` on Vercel). */
+export interface FunctionsEnv {
+  /** The database's connection string. Secret. */
+  DATABASE_URL?: string;
+  /** Shared secret of the drain webhook's HMAC signatures. Secret. */
+  OUTLIVE_DRAIN_SECRET?: string;
+  /** Vercel's cron secret, sent as `Authorization: Bearer ...`. Secret. */
+  CRON_SECRET?: string;
+  /** The dashboard's token (`/dashboard`); without it the dashboard answers 401. Secret. */
+  OUTLIVE_DASHBOARD_TOKEN?: string;
+  /** A WebSocket proxy in front of a non-Neon Postgres (local development and tests only). */
+  NEON_WS_PROXY?: string;
+  /** Lowers the pass's budget below the platform's ceiling (ms). */
+  OUTLIVE_BUDGET_MS?: string;
+  /** Handlers running at once in a pass. Default 10. */
+  OUTLIVE_CONCURRENCY?: string;
+  [binding: string]: unknown;
+}
+
+/** What a task handler may use during one invocation. */
+export interface TaskDeps {
+  env: FunctionsEnv;
+  /** The invocation's pool; handlers may query it (keep queries short: it is shared with the pass). */
+  pool: Pool;
+}
+
+/** What a deployment runs: its tasks and, optionally, the schedules its cron tick fires. */
+export interface Deployment {
+  tasks: TaskList;
+  schedules?: readonly AnySchedule[];
+}
+
+/**
+ * The tasks a deployment runs (a list, or a {@link Deployment} with
+ * schedules), built once per invocation, so handlers can use the
+ * invocation's bindings and pool (on Workers both are per request).
+ */
+export type TasksFor = (deps: TaskDeps) => TaskList | Deployment;
+
+/** Why a pass ran. */
+export type Trigger = 'cron' | 'drain';
+
+/** One invocation's resources and settings. */
+export interface Invocation {
+  /** Names the platform in logs and lease owners (`cloudflare`, `vercel`); owners read `cloudflare:drain:<uuid>`. */
+  readonly platform: string;
+  readonly env: FunctionsEnv;
+  readonly pool: Pool;
+  readonly tasks: TaskList;
+  /** Schedules the cron tick fires before its pass. */
+  readonly schedules: readonly AnySchedule[];
+  readonly budgetMs: number;
+  readonly concurrency: number | undefined;
+  /** Continues work after the response (Workers' `ctx.waitUntil`), where the platform allows; else null. */
+  readonly background: ((work: Promise<unknown>) => void) | null;
+  /** Writes one structured log line, with every secret of the environment blanked out. */
+  log(event: string, fields?: Record<string, unknown>): void;
+  /** Blanks out every secret of the environment in a text. */
+  redact(text: string): string;
+  /** Waits for background work, then closes the pool. Never rejects. */
+  close(): Promise<void>;
+}
+
+/** How an entry point opens its invocation. */
+export interface InvocationOptions {
+  platform: string;
+  tasks: TasksFor;
+  /**
+   * The longest pass this entry point can afford on its platform (ms). The
+   * environment may lower it, never raise it: a pass longer than its platform
+   * allows is killed mid-task.
+   */
+  budgetCeilingMs: number;
+  waitUntil?: (work: Promise<unknown>) => void;
+  /** For runtimes without a global WebSocket (Node before 22). */
+  webSocketConstructor?: unknown;
+  /** Where log lines go. Default `console.log`. */
+  write?: (line: string) => void;
+}
+
+const SECRET_NAMES = ['DATABASE_URL', 'OUTLIVE_DRAIN_SECRET', 'CRON_SECRET', 'OUTLIVE_DASHBOARD_TOKEN'] as const;
+
+function secretsOf(env: FunctionsEnv): string[] {
+  const secrets: string[] = [];
+  for (const name of SECRET_NAMES) {
+    const value = env[name];
+    if (typeof value === 'string' && value.length >= 4) secrets.push(value);
+  }
+  // The database password on its own, too: a driver error may quote it.
+  try {
+    if (env.DATABASE_URL) {
+      const raw = new URL(env.DATABASE_URL).password;
+      const password = decodeURIComponent(raw);
+      if (password.length >= 4) secrets.push(raw, password, encodeURIComponent(password));
+    }
+  } catch {
+    // Not a URL; the whole value is already listed.
+  }
+  // Longest first, so a secret containing another is blanked whole.
+  return secrets.sort((a, b) => b.length - a.length);
+}
+
+function positiveIntFrom(env: FunctionsEnv, name: 'OUTLIVE_BUDGET_MS' | 'OUTLIVE_CONCURRENCY'): number | undefined {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return undefined;
+  const value = Number(raw);
+  if (!isWhole(value, { min: 1 })) {
+    throw new ConfigError(`outlive: ${name} must be a whole number >= 1, got ${JSON.stringify(raw)}; unset it for the default`);
+  }
+  return value;
+}
+
+/**
+ * Opens an invocation: reads and checks the settings (throwing
+ * {@link ConfigError} that names the fix), and makes a pool that connects on
+ * first use.
+ */
+export function openInvocation(env: FunctionsEnv, options: InvocationOptions): Invocation {
+  const secrets = secretsOf(env);
+  const redact = (text: string): string => {
+    let out = text;
+    for (const s of secrets) out = out.split(s).join('[redacted]');
+    return out;
+  };
+  const write = options.write ?? ((line: string) => console.log(line));
+  const log = (event: string, fields: Record<string, unknown> = {}) => {
+    // Strings are redacted before JSON escapes them (a secret with a quote in
+    // it would not match once escaped), and the line once more after.
+    const line = JSON.stringify({ outlive: event, platform: options.platform, ...fields }, (_key, value: unknown) =>
+      typeof value === 'string' ? redact(value) : value,
+    );
+    write(redact(line));
+  };
+
+  if (typeof env.DATABASE_URL !== 'string' || env.DATABASE_URL.length === 0) {
+    throw new ConfigError('outlive: DATABASE_URL is not set: add your Neon connection string as a secret of this deployment');
+  }
+  const requested = positiveIntFrom(env, 'OUTLIVE_BUDGET_MS');
+  let budgetMs = options.budgetCeilingMs;
+  if (requested !== undefined && requested > options.budgetCeilingMs) {
+    log('budget-capped', { requestedMs: requested, budgetMs });
+  } else if (requested !== undefined) {
+    budgetMs = requested;
+  }
+  const concurrency = positiveIntFrom(env, 'OUTLIVE_CONCURRENCY');
+  const pool = neonPool({
+    connectionString: env.DATABASE_URL,
+    wsProxy: typeof env.NEON_WS_PROXY === 'string' && env.NEON_WS_PROXY ? env.NEON_WS_PROXY : undefined,
+    webSocketConstructor: options.webSocketConstructor,
+  });
+  // An idle client that errors (the socket closed under it) must not crash the isolate.
+  pool.on('error', (err: unknown) => log('pool-error', { error: toError(err).message }));
+  const built = options.tasks({ env, pool });
+  const deployment: Deployment = Array.isArray(built) || built instanceof Map ? { tasks: built as TaskList } : (built as Deployment);
+  const tasks = deployment.tasks;
+  const schedules = deployment.schedules ?? [];
+
+  const pending: Promise<unknown>[] = [];
+  const background = options.waitUntil
+    ? (work: Promise<unknown>) => {
+        const settled = work.catch((err) => log('background-error', { error: toError(err).message }));
+        pending.push(settled);
+        options.waitUntil!(settled);
+      }
+    : null;
+
+  let closing: Promise<void> | null = null;
+  return {
+    platform: options.platform,
+    env,
+    pool,
+    tasks,
+    schedules,
+    budgetMs,
+    concurrency,
+    background,
+    log,
+    redact,
+    close() {
+      closing ??= (async () => {
+        // Background passes hold the pool until they are done.
+        while (pending.length > 0) await Promise.all(pending.splice(0));
+        try {
+          await pool.end();
+        } catch (err) {
+          log('pool-end-error', { error: toError(err).message });
+        }
+      })();
+      return closing;
+    },
+  };
+}
+
+/** Options of one pass beyond what the invocation fixes. */
+export interface PassOptions {
+  /** Claim only from these queues. */
+  queues?: readonly string[];
+}
+
+/**
+ * Runs one bounded pass (recovery of expired leases, then claims until the
+ * budget is nearly spent or nothing is ready) and logs its report. A
+ * database failure is logged (redacted) and rethrown as a {@link PassError}
+ * whose message is redacted too.
+ */
+export async function runPass(inv: Invocation, trigger: Trigger, options: PassOptions = {}): Promise<TickReport> {
+  try {
+    const report = await tick(inv.pool, {
+      tasks: inv.tasks,
+      budgetMs: inv.budgetMs,
+      ...(inv.concurrency === undefined ? {} : { concurrency: inv.concurrency }),
+      ...(options.queues ? { queues: options.queues } : {}),
+      owner: `${inv.platform}:${trigger}`,
+    });
+    inv.log('pass', { trigger, budgetMs: inv.budgetMs, ...report });
+    return report;
+  } catch (thrown) {
+    const err = toError(thrown);
+    const report = err instanceof PassError ? err.report : undefined;
+    inv.log('pass-failed', { trigger, error: err.message, ...(report ?? {}) });
+    // No `cause`: a platform that prints the thrown error would print the unredacted one.
+    if (report) throw new PassError(inv.redact(err.message), report, { cause: undefined });
+    throw new Error(inv.redact(err.message));
+  }
+}
+
+/** A JSON response. */
+export function json(status: number, body: unknown, headers: Record<string, string> = {}): Response {
+  return new Response(JSON.stringify(body), {
+    status,
+    headers: { 'content-type': 'application/json', 'cache-control': 'no-store', ...headers },
+  });
+}

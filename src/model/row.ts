@@ -1,0 +1,131 @@
+/**
+ * A task row before it is written: its options checked against the task's
+ * defaults, its input checked against the task's schema and serialised, its
+ * key checked. Every way of writing a task (enqueue, enqueueMany,
+ * batchEnqueue, a run's steps, spawns, schedules) passes through here, so
+ * their checks cannot drift apart.
+ */
+import { InvalidEnqueueError } from './errors.js';
+import { storableText, unstorableJson, utf8Bytes } from './json.js';
+import { checkMaxAttempts, MAX_TIMEOUT_MS, type AnyTask } from './task.js';
+import { checkName, formatIssues, isWhole } from './checks.js';
+
+/** Largest serialised input a task row accepts: 1 MiB. */
+export const MAX_INPUT_BYTES = 1_048_576;
+
+/** Options of one enqueue; each overrides the task's default. */
+export interface EnqueueOptions {
+  /** Earliest time the task may run. */
+  runAt?: Date;
+  /** Or: milliseconds from now (the database's clock) before it may run. */
+  delayMs?: number;
+  /** Higher runs first. */
+  priority?: number;
+  queue?: string;
+  maxAttempts?: number;
+  timeoutMs?: number;
+  /**
+   * Idempotency key, unique per task name among unfinished tasks: while a task
+   * with this name and key is pending or running, enqueueing again returns it
+   * (with `deduplicated: true`) instead of writing a second row. Once it has
+   * finished, the key is free again.
+   */
+  key?: string;
+}
+
+/** Options of a bulk enqueue: as {@link EnqueueOptions}, with a key computed per input. */
+export interface EnqueueManyOptions<I> extends Omit<EnqueueOptions, 'key'> {
+  key?: (input: I) => string;
+}
+
+/** Options checked, with the task's defaults filled in. */
+export interface Prepared {
+  name: string;
+  queue: string;
+  priority: number;
+  maxAttempts: number;
+  timeoutMs: number;
+  runAt: Date | null;
+  delayMs: number;
+}
+
+export function fail(task: AnyTask, message: string): never {
+  throw new InvalidEnqueueError(`outlive: cannot enqueue "${task?.name ?? String(task)}": ${message}`);
+}
+
+/** Checks options and fills defaults from the task. Throws before anything is written. */
+export function prepareOptions(task: AnyTask, options: EnqueueOptions | EnqueueManyOptions<unknown> = {}): Prepared {
+  if (!task || typeof task.name !== 'string' || typeof task.input?.safeParse !== 'function') {
+    throw new InvalidEnqueueError('outlive: enqueue needs a task made by defineTask()');
+  }
+  const { runAt, delayMs = 0 } = options;
+  if (runAt !== undefined && (!(runAt instanceof Date) || Number.isNaN(runAt.getTime()))) {
+    fail(task, 'runAt must be a valid Date');
+  }
+  if (runAt !== undefined && options.delayMs !== undefined) fail(task, 'give runAt or delayMs, not both');
+  if (typeof delayMs !== 'number' || !Number.isFinite(delayMs) || delayMs < 0) {
+    fail(task, `delayMs must be a finite number of milliseconds >= 0, got ${String(delayMs)}`);
+  }
+  const priority = options.priority ?? task.priority;
+  if (!isWhole(priority, { min: -(2 ** 31 - 1), max: 2 ** 31 - 1 })) fail(task, 'priority must be a 32-bit whole number');
+  const timeoutMs = options.timeoutMs ?? task.timeoutMs;
+  if (!isWhole(timeoutMs, { min: 1, max: MAX_TIMEOUT_MS })) {
+    fail(task, `timeoutMs must be a whole number from 1 to ${MAX_TIMEOUT_MS}`);
+  }
+  let queue: string;
+  let maxAttempts: number;
+  try {
+    queue = checkName('queue', options.queue ?? task.queue);
+    maxAttempts = checkMaxAttempts(options.maxAttempts ?? task.maxAttempts, `cannot enqueue "${task.name}"`);
+  } catch (err) {
+    throw new InvalidEnqueueError((err as Error).message);
+  }
+  return { name: task.name, queue, priority, maxAttempts, timeoutMs, runAt: runAt ?? null, delayMs };
+}
+
+/** Validates one input against the task's schema and serialises it. Throws before anything is written. */
+export function serialiseInput(task: AnyTask, input: unknown): string {
+  const parsed = task.input.safeParse(input);
+  if (!parsed.success) {
+    fail(task, `input does not match its schema: ${formatIssues(parsed.error.issues)}`);
+  }
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(input);
+  } catch (err) {
+    fail(task, `input does not serialise to JSON (${(err as Error).message})`);
+  }
+  if (json === undefined) fail(task, 'input does not serialise to JSON (undefined)');
+  const bytes = utf8Bytes(json, MAX_INPUT_BYTES);
+  if (bytes > MAX_INPUT_BYTES) fail(task, `input is ${bytes} bytes of JSON, over the limit of ${MAX_INPUT_BYTES}`);
+  const why = unstorableJson(json);
+  if (why) fail(task, `input cannot be stored: ${why}`);
+  return json;
+}
+
+function checkKey(task: AnyTask, key: unknown): string {
+  if (typeof key !== 'string' || key.length === 0 || key.length > 500) {
+    fail(task, 'key must be a non-empty string of at most 500 characters');
+  }
+  if (storableText(key) !== key) fail(task, 'key must not contain NUL characters or unpaired surrogates');
+  return key;
+}
+
+/** One task's row as every way of enqueueing writes it: the options, the serialised input and the key. */
+export interface PreparedRow {
+  options: Prepared;
+  input: string;
+  key: string | null;
+}
+
+/**
+ * Checks and serialises one task row: the one door through which `enqueue`,
+ * `enqueueMany` and `batchEnqueue` pass, so their checks cannot drift apart.
+ * Throws {@link InvalidEnqueueError} before anything is written. `key` is
+ * null for a row without one; `prepared` is the options already checked,
+ * when many rows share them.
+ */
+export function prepareRow(task: AnyTask, input: unknown, key: { key: unknown } | null, options: EnqueueOptions | EnqueueManyOptions<unknown> = {}, prepared?: Prepared): PreparedRow {
+  const o = prepared ?? prepareOptions(task, options);
+  return { options: o, input: serialiseInput(task, input), key: key === null ? null : checkKey(task, key.key) };
+}

@@ -1,0 +1,181 @@
+/**
+ * Defining a task: a name, a zod schema for its input, a handler, and how it
+ * retries. Types flow from the schema to the handler and to `enqueue`.
+ */
+import type { z } from 'zod';
+import { ConfigError } from './errors.js';
+import { checkName, checkWhole, isWhole } from './checks.js';
+import type { BackoffOptions } from './backoff.js';
+import type { Step } from './step.js';
+
+/** What a handler sees of the task it runs. */
+export interface TaskContext {
+  /** The task row's id. */
+  readonly taskId: string;
+  /** This attempt's number, from 1. */
+  readonly attempt: number;
+  readonly maxAttempts: number;
+  readonly queue: string;
+  /** The run this task belongs to, or null for a standalone task. */
+  readonly runId: string | null;
+  /**
+   * Fires when the task's timeout is reached or its run is cancelled. Pass it
+   * to fetch and friends; a handler that ignores it is abandoned at its
+   * timeout, and its late result is discarded.
+   */
+  readonly signal: AbortSignal;
+  /**
+   * Adds a step to this task's run (runs only). What a task spawns is written
+   * in the same transaction that records its success: if the attempt fails,
+   * its spawns never existed. A spawned step may wait for other steps spawned
+   * by this attempt and for steps already in the run.
+   *
+   * ```ts
+   * for (const url of pages) ctx.spawn(`page:${url}`, step(importPage, { url }));
+   * ctx.spawn('finish', step(finishImport, { siteId }, { after: pages.map((u) => `page:${u}`) }));
+   * ```
+   */
+  spawn(step: string, spec: Step): void;
+  /**
+   * Extends this attempt's lease now, and tells whether it still holds it
+   * (false: the task was cancelled or recovered; its signal has fired). The
+   * pass already does this every second for tasks that run longer; call it
+   * before a step whose result must not be written twice.
+   */
+  heartbeat(): Promise<boolean>;
+  /** The stored output of a succeeded step of this task's run (runs only). */
+  output<O = unknown>(step: string): Promise<O>;
+  /** The outputs of the steps this task waited for, by step name (runs only). */
+  outputs(): Promise<Record<string, unknown>>;
+}
+
+/** A task handler: takes the parsed input, returns the output to store. */
+export type TaskHandler<I, O> = (input: I, ctx: TaskContext) => Promise<O> | O;
+
+/** How a task retries when its handler throws. */
+export interface RetryPolicy {
+  /** Attempts in all, including the first. Default 5. */
+  maxAttempts?: number;
+  /** Delay before attempt n+1: exponential options, or a function of the failed attempt's number. */
+  backoff?: BackoffOptions | ((attempt: number) => number);
+}
+
+/** Everything `defineTask` takes. */
+export interface TaskConfig<S extends z.ZodType, O> {
+  /** Unique among the tasks a pass runs; stored in every row. */
+  name: string;
+  /** Validates input at enqueue (nothing is written if it fails) and again before the handler runs. */
+  input: S;
+  run: TaskHandler<z.output<S>, O>;
+  retry?: RetryPolicy;
+  /** How long one attempt may run before its signal aborts it. Default 15 s. */
+  timeoutMs?: number;
+  /** Default queue for this task's rows. Default `"default"`. */
+  queue?: string;
+  /** Default priority; higher runs first. Default 0. */
+  priority?: number;
+  /**
+   * Keep the row of a succeeded attempt as history (its output, its times,
+   * the dashboard's counts). Default true. With false, a standalone task's
+   * row is deleted by the statement that settles its success, as
+   * graphile-worker does with every job: about a quarter of the settle's
+   * database work (docs/benchmarks.md), for high-volume tasks whose outputs
+   * nobody reads. Failures, retries and steps of runs are always kept (a
+   * run's outputs feed the steps that wait on them).
+   */
+  keepSucceeded?: boolean;
+}
+
+/** A defined task. Pass it to `enqueue` and to the passes that run it. */
+export interface Task<S extends z.ZodType = z.ZodType, O = unknown> {
+  readonly name: string;
+  readonly input: S;
+  readonly run: TaskHandler<z.output<S>, O>;
+  readonly maxAttempts: number;
+  readonly backoff: BackoffOptions | ((attempt: number) => number);
+  readonly timeoutMs: number;
+  readonly queue: string;
+  readonly priority: number;
+  readonly keepSucceeded: boolean;
+}
+
+/** The input type `enqueue` takes for a task. */
+export type TaskInput<T> = T extends Task<infer S, unknown> ? z.input<S> : never;
+/** The output type a task's handler returns. */
+export type TaskOutput<T> = T extends Task<z.ZodType, infer O> ? Awaited<O> : never;
+
+/** Any task, whatever its types. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type AnyTask = Task<any, any>;
+
+/** Largest number of attempts a task may have. Keeps a row's error history bounded. */
+export const MAX_ATTEMPTS_LIMIT = 1000;
+/** Longest timeout a task may declare: a day. */
+export const MAX_TIMEOUT_MS = 86_400_000;
+
+/** Checks a max-attempts value. */
+export function checkMaxAttempts(value: unknown, where: string, ErrorType: new (m: string) => Error = ConfigError): number {
+  return checkWhole(`${where}: maxAttempts`, value, { min: 1, max: MAX_ATTEMPTS_LIMIT }, ErrorType);
+}
+
+/**
+ * Defines a task.
+ *
+ * ```ts
+ * const sendWelcome = defineTask({
+ *   name: 'send-welcome',
+ *   input: z.object({ userId: z.string() }),
+ *   retry: { maxAttempts: 8, backoff: { baseMs: 2_000 } },
+ *   async run({ userId }, ctx) {
+ *     await mailer.send(userId, { signal: ctx.signal });
+ *     return { sentAt: new Date().toISOString() };
+ *   },
+ * });
+ * ```
+ */
+export function defineTask<S extends z.ZodType, O>(config: TaskConfig<S, O>): Task<S, O> {
+  const name = checkName('task', config.name);
+  if (!config.input || typeof (config.input as z.ZodType).safeParse !== 'function') {
+    throw new ConfigError(`outlive: task "${name}" needs an input schema: pass a zod schema as \`input\` (z.object({...}))`);
+  }
+  if (typeof config.run !== 'function') {
+    throw new ConfigError(`outlive: task "${name}" needs a handler: pass \`run: async (input, ctx) => output\``);
+  }
+  const maxAttempts = checkMaxAttempts(config.retry?.maxAttempts ?? 5, `task "${name}"`);
+  const timeoutMs = config.timeoutMs ?? 15_000;
+  if (!isWhole(timeoutMs, { min: 1, max: MAX_TIMEOUT_MS })) {
+    throw new ConfigError(`outlive: task "${name}": timeoutMs must be a whole number of milliseconds from 1 to ${MAX_TIMEOUT_MS}`);
+  }
+  const priority = config.priority ?? 0;
+  if (!isWhole(priority)) throw new ConfigError(`outlive: task "${name}": priority must be a whole number`);
+  const keepSucceeded = config.keepSucceeded ?? true;
+  if (typeof keepSucceeded !== 'boolean') throw new ConfigError(`outlive: task "${name}": keepSucceeded must be true or false`);
+  return Object.freeze({
+    name,
+    input: config.input,
+    run: config.run,
+    maxAttempts,
+    backoff: config.retry?.backoff ?? {},
+    timeoutMs,
+    queue: checkName('queue', config.queue ?? 'default'),
+    priority,
+    keepSucceeded,
+  });
+}
+
+/** Tasks a pass can run, found by name. */
+export type TaskList = readonly AnyTask[] | ReadonlyMap<string, AnyTask>;
+
+/** Indexes a task list by name, refusing two definitions under one name. */
+export function taskRegistry(tasks: TaskList): ReadonlyMap<string, AnyTask> {
+  if (tasks instanceof Map) return tasks;
+  const map = new Map<string, AnyTask>();
+  for (const task of tasks as readonly AnyTask[]) {
+    const existing = map.get(task.name);
+    if (existing && existing !== task) {
+      throw new ConfigError(`outlive: two tasks are named "${task.name}": task names must be unique`);
+    }
+    map.set(task.name, task);
+  }
+  return map;
+}

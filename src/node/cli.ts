@@ -1,0 +1,623 @@
+/**
+ * The `outlive` command line: what a person on call reaches for.
+ *
+ *   outlive migrate | status | tasks | runs | run <id> | task <id>
+ *   outlive retry task <id> | retry run <id> | cancel run <id>
+ *   outlive enqueue <name> <json> --tasks ./dist/tasks.js
+ *   outlive worker --tasks ./dist/tasks.js
+ *
+ * Each command is one `register*` function adding itself to the program. The
+ * database comes from `--database-url` or `DATABASE_URL`. Output is a table
+ * for people, or JSON with `--json`. Failures print one line, `outlive: what
+ * went wrong`, no stack trace, and exit with a code that says what kind:
+ * 0 ok, 1 the operation failed or found nothing, 2 bad usage or input,
+ * 3 the database cannot be reached.
+ */
+import { formatIssues } from '../model/checks.js';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
+import pg from 'pg';
+import { ConfigError, InvalidEnqueueError, toError } from '../model/errors.js';
+import { cancelRun } from '../admin/cancel.js';
+import { enqueue } from '../write/enqueue.js';
+import { explainRun, type ExplainedTask } from '../admin/explain.js';
+import { migrate, MIGRATIONS_FOLDER } from './migrate.js';
+import { retryRun, retryTask, type RetryReport } from '../admin/retry.js';
+import { getTask, listRuns, listTasks, runEdges, status } from '../admin/queries.js';
+import { RUN_STATES, TASK_STATES, type RunState, type TaskState } from '../model/states.js';
+import { isSchedule, type AnySchedule } from '../maintenance/schedule.js';
+import type { AnyTask } from '../model/task.js';
+import { createWorker, type Worker, type WorkerLogger } from './worker.js';
+
+/** Where the CLI writes, replaceable for tests. */
+export interface CliIo {
+  out(line: string): void;
+  err(line: string): void;
+}
+
+const processIo: CliIo = {
+  out: (line) => process.stdout.write(line + '\n'),
+  err: (line) => process.stderr.write(line + '\n'),
+};
+
+/** Exit codes: what kind of failure a script is looking at. */
+export const EXIT = { ok: 0, failed: 1, usage: 2, unreachable: 3 } as const;
+
+/** An error the CLI reports as one line, with its exit code (default 1: the operation failed). */
+export class CliError extends Error {
+  constructor(message: string, readonly exitCode: number = EXIT.failed) {
+    super(message);
+  }
+}
+
+/** A commander argument parser for whole numbers at least `min`. */
+export function wholeNumber(min: number) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`expected a whole number >= ${min}`);
+    return n;
+  };
+}
+
+function isTask(value: unknown): value is AnyTask {
+  const v = value as AnyTask;
+  return (
+    typeof v === 'object' && v !== null && typeof v.name === 'string' && typeof v.run === 'function' &&
+    typeof v.input?.safeParse === 'function' && typeof v.timeoutMs === 'number'
+  );
+}
+
+/** What a tasks module gave: its tasks and schedules. */
+export interface LoadedModule {
+  tasks: AnyTask[];
+  schedules: AnySchedule[];
+}
+
+/**
+ * Loads the module that exports the tasks (and schedules). It may export
+ * `tasks` and `schedules` arrays, a default export holding them, or the tasks
+ * and schedules themselves as named exports.
+ */
+export async function loadTasksModule(specifier: string, cwd = process.cwd()): Promise<LoadedModule> {
+  const file = path.resolve(cwd, specifier);
+  let mod: Record<string, unknown>;
+  try {
+    mod = (await import(pathToFileURL(file).href)) as Record<string, unknown>;
+  } catch (err) {
+    const e = toError(err) as Error & { code?: string };
+    if (e.code === 'ERR_MODULE_NOT_FOUND' && e.message.includes(file)) throw new CliError(`cannot find the tasks module ${file}`);
+    if (e.code === 'ERR_UNKNOWN_FILE_EXTENSION') {
+      throw new CliError(`cannot load ${file}: ${e.message}; compile it to JavaScript, or run node with --import tsx`);
+    }
+    throw new CliError(`cannot load the tasks module ${file}: ${e.message.split('\n')[0]}`);
+  }
+  const holder = (mod.default && typeof mod.default === 'object' ? mod.default : mod) as Record<string, unknown>;
+  const list = (key: string): unknown[] | undefined => {
+    const v = holder[key] ?? mod[key];
+    if (v === undefined) return undefined;
+    if (!Array.isArray(v)) throw new CliError(`${file}: the export \`${key}\` must be an array`);
+    return v;
+  };
+  const values = [...new Set([...Object.values(mod), ...(holder === mod ? [] : Object.values(holder))])];
+  const tasks = list('tasks') ?? values.filter(isTask);
+  const schedules = list('schedules') ?? values.filter(isSchedule);
+  const badTask = tasks.find((t) => !isTask(t));
+  if (badTask !== undefined) throw new CliError(`${file}: \`tasks\` holds something that is not a task made by defineTask()`);
+  const badSchedule = schedules.find((s) => !isSchedule(s));
+  if (badSchedule !== undefined) throw new CliError(`${file}: \`schedules\` holds something that is not a schedule made by defineSchedule()`);
+  if (tasks.length === 0 && schedules.length === 0) {
+    throw new CliError(`${file} exports no tasks: export \`tasks\` (an array of defineTask() results), or the tasks themselves`);
+  }
+  return { tasks: tasks as AnyTask[], schedules: schedules as AnySchedule[] };
+}
+
+/** How the worker command waits for its end; replaceable for tests. */
+export interface SignalSource {
+  once(signal: 'SIGTERM' | 'SIGINT', listener: () => void): unknown;
+  removeListener(signal: 'SIGTERM' | 'SIGINT', listener: () => void): unknown;
+}
+
+function registerWorker(program: Command, io: CliIo, signals: SignalSource, setExit: (code: number) => void): void {
+  program
+    .command('worker')
+    .description('Run a long-lived worker: LISTEN for enqueued tasks, poll as a safety net, fire schedules, apply retention.')
+    .addOption(new Option('--database-url <url>', 'Postgres connection string').env('DATABASE_URL'))
+    .requiredOption('--tasks <module>', 'module exporting the tasks (and schedules) to run')
+    .option('--concurrency <n>', 'handlers running at once', wholeNumber(1), 10)
+    .option('--queues <names>', 'only these queues, comma-separated')
+    .option('--poll-interval-ms <ms>', 'longest gap between passes without a notification', wholeNumber(1), 2_000)
+    .option('--grace-ms <ms>', 'on SIGTERM/SIGINT, how long running tasks may finish before they are aborted', wholeNumber(0), 30_000)
+    .option('--no-retention', 'do not delete old finished tasks and runs')
+    .action(async (opts: {
+      databaseUrl?: string;
+      tasks: string;
+      concurrency: number;
+      queues?: string;
+      pollIntervalMs: number;
+      graceMs: number;
+      retention: boolean;
+    }) => {
+      if (!opts.databaseUrl) throw new CliError('no database: pass --database-url postgres://... or set DATABASE_URL');
+      const loaded = await loadTasksModule(opts.tasks);
+      const logger: WorkerLogger = { info: io.out, warn: io.err, error: io.err };
+      const worker: Worker = createWorker({
+        connectionString: opts.databaseUrl,
+        tasks: loaded.tasks,
+        schedules: loaded.schedules,
+        concurrency: opts.concurrency,
+        queues: opts.queues ? opts.queues.split(',').map((q) => q.trim()).filter(Boolean) : undefined,
+        pollIntervalMs: opts.pollIntervalMs,
+        retention: opts.retention ? {} : false,
+        logger,
+        onPass: (r) => {
+          if (r.claimed > 0) {
+            io.out(`outlive worker: pass claimed ${r.claimed}: ${r.succeeded} succeeded, ${r.retried} to retry, ${r.failed} failed (${r.durationMs} ms)`);
+          }
+        },
+      });
+      // Installed before start, so a signal during startup is not the default (immediate) exit.
+      let signalled = 0;
+      let stopped!: () => void;
+      const done = new Promise<void>((resolve) => (stopped = resolve));
+      const onSignal = (name: string) => () => {
+        signalled++;
+        if (signalled === 1) {
+          io.out(`outlive worker: ${name} received: stopping (grace ${opts.graceMs} ms; send it again to abort running tasks)`);
+          void worker.stop({ graceMs: opts.graceMs }).then(stopped, (err: unknown) => {
+            io.err(`outlive: ${toError(err).message}`);
+            setExit(1);
+            stopped();
+          });
+        } else {
+          io.out(`outlive worker: ${name} received again: aborting running tasks`);
+          void worker.stop({ graceMs: 0 });
+        }
+        // Listen again for the second signal.
+        signals.once(name as 'SIGTERM', handlers[name as 'SIGTERM']);
+      };
+      const handlers = { SIGTERM: onSignal('SIGTERM'), SIGINT: onSignal('SIGINT') };
+      signals.once('SIGTERM', handlers.SIGTERM);
+      signals.once('SIGINT', handlers.SIGINT);
+      try {
+        await worker.start();
+        await done;
+      } finally {
+        signals.removeListener('SIGTERM', handlers.SIGTERM);
+        signals.removeListener('SIGINT', handlers.SIGINT);
+      }
+    });
+}
+
+/** Builds the program with every command registered. */
+export function createProgram(io: CliIo = processIo, signals: SignalSource = process, setExit: (code: number) => void = () => undefined): Command {
+  const program = new Command('outlive')
+    .description('Durable jobs and DAG runs for serverless TypeScript, kept in Postgres rows.')
+    .exitOverride()
+    .configureOutput({
+      writeOut: (s) => io.out(s.replace(/\n$/, '')),
+      writeErr: (s) => io.err(s.replace(/\n$/, '')),
+      outputError: (s, write) => write(s.replace(/^error: /, 'outlive: ')),
+    })
+    .showSuggestionAfterError();
+  registerInspect(program, io);
+  registerWorker(program, io, signals, setExit);
+  return program;
+}
+
+/**
+ * Runs the CLI with the user's arguments (`process.argv.slice(2)`); resolves
+ * with the exit code. Every failure is reported as one line.
+ */
+export async function main(args: readonly string[], io: CliIo = processIo, signals: SignalSource = process): Promise<number> {
+  let code = 0;
+  const program = createProgram(io, signals, (c) => (code = c));
+  if (args.length === 0) {
+    program.outputHelp();
+    return EXIT.usage;
+  }
+  try {
+    await program.parseAsync([...args], { from: 'user' });
+    return code;
+  } catch (err) {
+    // Commander already printed its own message (unknown option, missing argument, --help).
+    if (err instanceof CommanderError) {
+      // --help and --version exit 0; help shown because a command was incomplete is a usage error.
+      return err.exitCode === 0 ? EXIT.ok : EXIT.usage;
+    }
+    const e = toError(err);
+    const known = e instanceof CliError || e instanceof ConfigError;
+    const message = e.message.replace(/^outlive: /, '').split('\n')[0];
+    io.err(`outlive: ${known ? message : `${e.name}: ${message}`}`);
+    return e instanceof CliError ? e.exitCode : EXIT.failed;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Inspecting and steering: migrate, status, tasks, runs, run, task, retry,
+// cancel, enqueue.
+
+/** The options every database command takes. */
+interface DbOptions {
+  databaseUrl?: string;
+  json?: boolean;
+}
+
+function withDbOptions(cmd: Command): Command {
+  return cmd
+    .addOption(new Option('--database-url <url>', 'Postgres connection string').env('DATABASE_URL'))
+    .option('--json', 'print JSON for scripts instead of a table');
+}
+
+/** Where a connection string points, without its password. */
+function describeUrl(url: URL): string {
+  return `${url.hostname}${url.port ? `:${url.port}` : ''}${url.pathname}`;
+}
+
+function parseUrl(raw: string | undefined): URL {
+  if (!raw) throw new CliError('no database: pass --database-url postgres://... or set DATABASE_URL', EXIT.usage);
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new CliError('the database URL is not a URL: expected postgres://user:password@host:port/database', EXIT.usage);
+  }
+  if (url.protocol !== 'postgres:' && url.protocol !== 'postgresql:') {
+    throw new CliError(`the database URL must start with postgres:// or postgresql://, not ${url.protocol}//`, EXIT.usage);
+  }
+  return url;
+}
+
+const UNREACHABLE_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'ECONNRESET', 'EHOSTUNREACH', '28P01', '28000', '3D000']);
+
+/**
+ * Opens a pool on the database, checks that it answers, runs `fn`, and closes
+ * the pool. An unreachable database is exit code 3; a database without the
+ * outlive schema says to run `outlive migrate`.
+ */
+async function withDb<T>(opts: DbOptions, fn: (pool: pg.Pool) => Promise<T>, needsSchema = true): Promise<T> {
+  const url = parseUrl(opts.databaseUrl);
+  const pool = new pg.Pool({ connectionString: url.toString(), max: 4, connectionTimeoutMillis: 10_000 });
+  // A dropped idle connection must not crash the process with an unhandled 'error'.
+  pool.on('error', () => undefined);
+  try {
+    try {
+      const [row] = (await pool.query<{ ok: boolean }>(`SELECT to_regclass('outlive.tasks') IS NOT NULL AS ok`)).rows;
+      if (needsSchema && !row!.ok) {
+        throw new CliError(`the database ${describeUrl(url)} has no outlive schema: run \`outlive migrate\` first`, EXIT.failed);
+      }
+    } catch (err) {
+      if (err instanceof CliError) throw err;
+      const e = toError(err) as Error & { code?: string };
+      const why = e.message.split('\n')[0] || e.code || 'no answer';
+      if (UNREACHABLE_CODES.has(e.code ?? '') || /timeout|connect/i.test(e.message)) {
+        throw new CliError(`cannot reach the database at ${describeUrl(url)}: ${why}`, EXIT.unreachable);
+      }
+      throw new CliError(`the database at ${describeUrl(url)} answered with an error: ${why}`, EXIT.unreachable);
+    }
+    return await fn(pool);
+  } finally {
+    await pool.end().catch(() => undefined);
+  }
+}
+
+/** Formats rows as an aligned text table. */
+export function table(headers: string[], rows: (string | number | null | undefined)[][]): string[] {
+  const cells = rows.map((r) => r.map((c) => (c === null || c === undefined ? '-' : String(c)).replace(/\s+/g, ' ')));
+  const widths = headers.map((h, i) => Math.max(h.length, ...cells.map((r) => Math.min(r[i]!.length, 80))));
+  const line = (r: string[]) =>
+    r.map((c, i) => (c.length > 80 ? c.slice(0, 79) + '…' : c).padEnd(widths[i]!)).join('  ').trimEnd();
+  return [line(headers), line(widths.map((w) => '-'.repeat(w))), ...cells.map(line)];
+}
+
+/** "3s", "4m 10s", "2h 5m", "3d 4h". */
+export function duration(ms: number): string {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+function ago(d: Date | null, now = new Date()): string | null {
+  return d ? `${duration(now.getTime() - d.getTime())} ago` : null;
+}
+
+function printJson(io: CliIo, value: unknown): void {
+  io.out(JSON.stringify(value, null, 2));
+}
+
+function oneOf<S extends string>(what: string, allowed: readonly S[]) {
+  return (value: string): S => {
+    if (!(allowed as readonly string[]).includes(value)) throw new InvalidArgumentError(`expected a ${what}: ${allowed.join(', ')}`);
+    return value as S;
+  };
+}
+
+function id(what: string) {
+  return (value: string): string => {
+    if (!/^[1-9][0-9]{0,18}$/.test(value)) throw new InvalidArgumentError(`expected a ${what} id (a positive whole number)`);
+    return value;
+  };
+}
+
+function registerMigrate(program: Command, io: CliIo): void {
+  withDbOptions(program.command('migrate'))
+    .description('Create or update the outlive schema (safe to run on every deploy, and from several processes at once).')
+    .action(async (opts: DbOptions) => {
+      const url = parseUrl(opts.databaseUrl);
+      const progress = (line: string) => (opts.json ? io.err(line) : io.out(line));
+      progress(`outlive migrate: connecting to ${describeUrl(url)}`);
+      await withDb(opts, async (pool) => {
+        const count = async () => {
+          const [t] = (await pool.query<{ ok: boolean }>(`SELECT to_regclass('outlive.migrations') IS NOT NULL AS ok`)).rows;
+          if (!t!.ok) return 0;
+          return (await pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.migrations`)).rows[0]!.n;
+        };
+        const before = await count();
+        progress(`outlive migrate: ${before} migration${before === 1 ? '' : 's'} applied so far; applying the rest from ${MIGRATIONS_FOLDER}`);
+        const started = Date.now();
+        await migrate(url.toString());
+        const after = await count();
+        const applied = after - before;
+        if (opts.json) printJson(io, { applied, total: after, durationMs: Date.now() - started });
+        else io.out(`outlive migrate: done: ${applied} applied now, ${after} in all (${Date.now() - started} ms)`);
+      }, false);
+    });
+}
+
+function registerStatus(program: Command, io: CliIo): void {
+  withDbOptions(program.command('status'))
+    .description('Counts by state and queue, the oldest ready task, failures in the last hour.')
+    .action(async (opts: DbOptions) => {
+      await withDb(opts, async (pool) => {
+        const s = await status(pool);
+        if (opts.json) return printJson(io, s);
+        io.out(`tasks:  ${TASK_STATES.map((st) => `${st} ${s.tasks[st]}`).join(', ')}`);
+        io.out(`runs:   ${RUN_STATES.map((st) => `${st} ${s.runs[st]}`).join(', ')}`);
+        io.out(`oldest ready task: ${s.oldestReadyMs === null ? 'none waiting' : `due ${duration(s.oldestReadyMs)} ago`}`);
+        io.out(`failed in the last hour: ${s.failedLastHour}`);
+        for (const u of s.unrunnable) io.out(`not runnable: ${u.ready} ready "${u.name}" task(s): ${u.why}`);
+        if (s.queues.length > 0) {
+          io.out('');
+          for (const l of table(['queue', ...TASK_STATES], s.queues.map((q) => [q.queue, ...TASK_STATES.map((st) => q.counts[st])]))) io.out(l);
+        }
+      });
+    });
+}
+
+function registerTasks(program: Command, io: CliIo): void {
+  withDbOptions(program.command('tasks'))
+    .description('List tasks, newest first.')
+    .option('--state <state>', `only tasks in this state (${TASK_STATES.join(', ')})`, oneOf('task state', TASK_STATES))
+    .option('--name <name>', 'only tasks of this name')
+    .option('--queue <queue>', 'only tasks of this queue')
+    .option('--run <id>', 'only tasks of this run', id('run'))
+    .option('--limit <n>', 'at most this many', wholeNumber(1), 50)
+    .action(async (opts: DbOptions & { state?: TaskState; name?: string; queue?: string; run?: string; limit: number }) => {
+      await withDb(opts, async (pool) => {
+        const tasks = await listTasks(pool, { state: opts.state, name: opts.name, queue: opts.queue, runId: opts.run, limit: opts.limit });
+        if (opts.json) return printJson(io, tasks);
+        if (tasks.length === 0) return io.out('no tasks match');
+        const now = new Date();
+        for (const l of table(
+          ['id', 'name', 'queue', 'state', 'attempts', 'run', 'created', 'last error'],
+          tasks.map((t) => [t.id, t.name, t.queue, t.state, `${t.attempts}/${t.maxAttempts}`, t.runId, ago(t.createdAt, now), t.lastError]),
+        )) io.out(l);
+      });
+    });
+}
+
+function registerRuns(program: Command, io: CliIo): void {
+  withDbOptions(program.command('runs'))
+    .description('List runs, newest first, with their progress (tasks done of total).')
+    .option('--state <state>', `only runs in this state (${RUN_STATES.join(', ')})`, oneOf('run state', RUN_STATES))
+    .option('--limit <n>', 'at most this many', wholeNumber(1), 50)
+    .action(async (opts: DbOptions & { state?: RunState; limit: number }) => {
+      await withDb(opts, async (pool) => {
+        const runs = await listRuns(pool, { state: opts.state, limit: opts.limit });
+        if (opts.json) return printJson(io, runs);
+        if (runs.length === 0) return io.out('no runs match');
+        const now = new Date();
+        for (const l of table(
+          ['id', 'name', 'state', 'done', 'failed', 'created', 'error'],
+          runs.map((r) => [r.id, r.name, r.state, `${r.done}/${r.total}`, r.failed, ago(r.createdAt, now), r.error]),
+        )) io.out(l);
+      });
+    });
+}
+
+/**
+ * Orders a run's tasks as a tree: each task hangs under its deepest
+ * dependency (so it appears once), roots are the tasks that wait for none.
+ */
+export function runTree(tasks: readonly ExplainedTask[], edges: readonly { task: string; dependsOn: string }[]): { task: ExplainedTask; depth: number; last: boolean[] }[] {
+  const byId = new Map(tasks.map((t) => [t.id, t]));
+  const deps = new Map<string, string[]>();
+  for (const e of edges) if (byId.has(e.dependsOn)) deps.set(e.task, [...(deps.get(e.task) ?? []), e.dependsOn]);
+  const level = new Map<string, number>();
+  const levelOf = (taskId: string, seen = new Set<string>()): number => {
+    const known = level.get(taskId);
+    if (known !== undefined) return known;
+    if (seen.has(taskId)) return 0;
+    seen.add(taskId);
+    const l = Math.max(-1, ...(deps.get(taskId) ?? []).map((d) => levelOf(d, seen))) + 1;
+    level.set(taskId, l);
+    return l;
+  };
+  const children = new Map<string | null, ExplainedTask[]>();
+  for (const t of tasks) {
+    const ds = deps.get(t.id) ?? [];
+    const parent = ds.length === 0 ? null : ds.reduce((a, b) => (levelOf(b) > levelOf(a) || (levelOf(b) === levelOf(a) && BigInt(b) > BigInt(a)) ? b : a));
+    children.set(parent, [...(children.get(parent) ?? []), t]);
+  }
+  const out: { task: ExplainedTask; depth: number; last: boolean[] }[] = [];
+  const walk = (parent: string | null, last: boolean[]) => {
+    const kids = children.get(parent) ?? [];
+    kids.forEach((t, i) => {
+      const mine = [...last, i === kids.length - 1];
+      out.push({ task: t, depth: mine.length - 1, last: mine });
+      walk(t.id, mine);
+    });
+  };
+  walk(null, []);
+  return out;
+}
+
+function registerRun(program: Command, io: CliIo): void {
+  withDbOptions(program.command('run'))
+    .description('Show a run as a tree of its tasks, with each task\'s state and why it is there.')
+    .argument('<id>', 'the run id', id('run'))
+    .action(async (runId: string, opts: DbOptions) => {
+      await withDb(opts, async (pool) => {
+        const run = await explainRun(pool, runId);
+        if (!run) throw new CliError(`no run ${runId}`, EXIT.failed);
+        const edges = await runEdges(pool, runId);
+        if (opts.json) return printJson(io, { ...run, edges });
+        const done = run.tasks.filter((t) => t.state !== 'pending' && t.state !== 'running').length;
+        io.out(`run ${run.id} "${run.name}": ${run.state}, ${done} of ${run.tasks.length} tasks done`);
+        io.out(`  ${TASK_STATES.filter((s) => run.counts[s]).map((s) => `${s} ${run.counts[s]}`).join(', ') || 'no tasks'}`);
+        if (run.error) io.out(`  error: ${run.error}`);
+        for (const { task, last } of runTree(run.tasks, edges)) {
+          const prefix = last.slice(0, -1).map((l) => (l ? '   ' : '│  ')).join('') + (last[last.length - 1] ? '└─ ' : '├─ ');
+          io.out(`${prefix}${task.step ?? task.name} #${task.id} [${task.state}] ${task.why}`);
+        }
+      });
+    });
+}
+
+function registerTask(program: Command, io: CliIo): void {
+  withDbOptions(program.command('task'))
+    .description('Show a task: its input, output, attempts and error history.')
+    .argument('<id>', 'the task id', id('task'))
+    .action(async (taskId: string, opts: DbOptions) => {
+      await withDb(opts, async (pool) => {
+        const t = await getTask(pool, taskId);
+        if (!t) throw new CliError(`no task ${taskId}`, EXIT.failed);
+        if (opts.json) return printJson(io, t);
+        const now = new Date();
+        io.out(`task ${t.id} ${t.name}: ${t.state}`);
+        io.out(`  queue ${t.queue}, priority ${t.priority}, attempts ${t.attempts} of ${t.maxAttempts}, timeout ${t.timeoutMs} ms`);
+        if (t.runId) io.out(`  run ${t.runId}, step ${t.step}`);
+        if (t.key) io.out(`  key ${t.key}`);
+        io.out(`  created ${t.createdAt.toISOString()} (${ago(t.createdAt, now)}), run at ${t.runAt.toISOString()}`);
+        if (t.startedAt) io.out(`  started ${t.startedAt.toISOString()}`);
+        if (t.finishedAt) io.out(`  finished ${t.finishedAt.toISOString()}`);
+        if (t.leaseOwner) io.out(`  leased by ${t.leaseOwner} until ${t.leaseExpiresAt?.toISOString()}`);
+        if (t.dependsOn.length > 0) io.out(`  depends on: ${t.dependsOn.map((d) => `${d.step ?? d.id} #${d.id} [${d.state}]`).join(', ')}`);
+        io.out(`input:  ${JSON.stringify(t.input)}`);
+        io.out(`output: ${t.output === null ? '-' : JSON.stringify(t.output)}`);
+        if (t.errors.length === 0) io.out('errors: none');
+        else {
+          io.out(`errors (${t.errors.length}, oldest first):`);
+          for (const e of t.errors) io.out(`  attempt ${e.attempt} at ${e.at}: ${e.name}: ${e.message}`);
+        }
+      });
+    });
+}
+
+function reportRetry(io: CliIo, opts: DbOptions, what: string, r: RetryReport): void {
+  if (opts.json) printJson(io, r);
+  if (!r.retried) throw new CliError(`${what} was not retried: ${r.reason ?? `it is ${r.state}`}`, EXIT.failed);
+  if (!opts.json) io.out(`${what} retried: ${r.tasks} task${r.tasks === 1 ? '' : 's'} pending again`);
+}
+
+function registerRetry(program: Command, io: CliIo): void {
+  const retry = program.command('retry').description('Retry a task that failed (or was cancelled), or a finished run.');
+  withDbOptions(retry.command('task'))
+    .description('Put a failed or cancelled task back to pending with fresh attempts (a task of a run retries its run).')
+    .argument('<id>', 'the task id', id('task'))
+    .action(async (taskId: string, opts: DbOptions) => {
+      await withDb(opts, async (pool) => reportRetry(io, opts, `task ${taskId}`, await retryTask(pool, taskId)));
+    });
+  withDbOptions(retry.command('run'))
+    .description('Put a failed or cancelled run back to running, its failed, skipped and cancelled tasks pending again.')
+    .argument('<id>', 'the run id', id('run'))
+    .action(async (runId: string, opts: DbOptions) => {
+      await withDb(opts, async (pool) => reportRetry(io, opts, `run ${runId}`, await retryRun(pool, runId)));
+    });
+}
+
+function registerCancel(program: Command, io: CliIo): void {
+  const cancel = program.command('cancel').description('Cancel work that is still running.');
+  withDbOptions(cancel.command('run'))
+    .description('Cancel a running run: its pending and running tasks are cancelled.')
+    .argument('<id>', 'the run id', id('run'))
+    .action(async (runId: string, opts: DbOptions) => {
+      await withDb(opts, async (pool) => {
+        const r = await cancelRun(pool, runId, { reason: 'cancelled from the command line' });
+        if (opts.json) printJson(io, r);
+        if (r.state === null) throw new CliError(`no run ${runId}`, EXIT.failed);
+        if (!r.cancelled) throw new CliError(`run ${runId} was not cancelled: it has already ${r.state}`, EXIT.failed);
+        if (!opts.json) io.out(`run ${runId} cancelled: ${r.pendingCancelled} pending and ${r.runningCancelled} running tasks cancelled`);
+      });
+    });
+}
+
+function registerEnqueue(program: Command, io: CliIo): void {
+  withDbOptions(program.command('enqueue'))
+    .description('Enqueue a task with JSON input, checked against the task\'s schema first.')
+    .argument('<name>', 'the task\'s name')
+    .argument('<json>', 'the input, as JSON (use - to read it from stdin)')
+    .requiredOption('--tasks <module>', 'module exporting the task definitions (their schemas validate the input)')
+    .option('--queue <queue>', 'queue (default: the task\'s)')
+    .option('--priority <n>', 'priority (higher first)', (v) => {
+      const n = Number(v);
+      if (!Number.isInteger(n)) throw new InvalidArgumentError('expected a whole number');
+      return n;
+    })
+    .option('--delay-ms <ms>', 'run no earlier than this many ms from now', wholeNumber(0))
+    .option('--key <key>', 'idempotency key')
+    .action(async (name: string, raw: string, opts: DbOptions & { tasks: string; queue?: string; priority?: number; delayMs?: number; key?: string }) => {
+      const url = parseUrl(opts.databaseUrl);
+      const text = raw === '-' ? await readStdin() : raw;
+      let input: unknown;
+      try {
+        input = JSON.parse(text);
+      } catch (err) {
+        throw new CliError(`the input is not valid JSON: ${toError(err).message}`, EXIT.usage);
+      }
+      const loaded = await loadTasksModule(opts.tasks);
+      const task = loaded.tasks.find((t) => t.name === name);
+      if (!task) {
+        throw new CliError(`unknown task "${name}": ${opts.tasks} defines ${loaded.tasks.map((t) => `"${t.name}"`).join(', ') || 'no tasks'}`, EXIT.usage);
+      }
+      const parsed = task.input.safeParse(input);
+      if (!parsed.success) {
+        const issues = formatIssues(parsed.error.issues);
+        throw new CliError(`invalid input for "${name}": ${issues}`, EXIT.usage);
+      }
+      await withDb({ ...opts, databaseUrl: url.toString() }, async (pool) => {
+        let r;
+        try {
+          r = await enqueue(pool, task, input as never, { queue: opts.queue, priority: opts.priority, delayMs: opts.delayMs, key: opts.key });
+        } catch (err) {
+          if (err instanceof InvalidEnqueueError) throw new CliError(err.message.replace(/^outlive: /, ''), EXIT.usage);
+          throw err;
+        }
+        if (opts.json) return printJson(io, r);
+        io.out(r.deduplicated
+          ? `task ${r.id} (${r.name}) already pending with key ${opts.key}: not enqueued again`
+          : `enqueued task ${r.id} (${r.name}) on queue ${r.queue}, to run at ${r.runAt.toISOString()}`);
+      });
+    });
+}
+
+async function readStdin(): Promise<string> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of process.stdin) chunks.push(chunk as Buffer);
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+/** Registers the commands that inspect and steer the rows. */
+function registerInspect(program: Command, io: CliIo): void {
+  registerMigrate(program, io);
+  registerStatus(program, io);
+  registerTasks(program, io);
+  registerRuns(program, io);
+  registerRun(program, io);
+  registerTask(program, io);
+  registerRetry(program, io);
+  registerCancel(program, io);
+  registerEnqueue(program, io);
+}

@@ -1,0 +1,134 @@
+/**
+ * Claim: take ready tasks for one pass, so that no other pass can take them.
+ */
+import type { Executor } from '../db/executor.js';
+
+/** A task row as a pass claimed it. */
+export interface ClaimedTask {
+  id: string;
+  name: string;
+  queue: string;
+  input: unknown;
+  /** This attempt's number (the claim counted it). */
+  attempts: number;
+  max_attempts: number;
+  timeout_ms: number;
+  run_id: string | null;
+}
+
+/** What one claim asks for. */
+export interface ClaimRequest {
+  /** The pass's lease owner, unique per pass. */
+  owner: string;
+  limit: number;
+  /** Claim only tasks whose timeout fits in what is left of the pass. */
+  maxTimeoutMs: number;
+  /** Only these queues; null for all. */
+  queues: readonly string[] | null;
+  /**
+   * Only tasks of these names: those the pass has handlers for. A task no
+   * pass knows stays pending (a rolling deploy, two services on one queue)
+   * rather than failing for want of a handler.
+   */
+  names: readonly string[];
+  /** Extra lease time beyond the task's timeout, to settle in. */
+  leaseGraceMs: number;
+  /**
+   * The longest lease a claim takes. A task whose timeout is longer gets this
+   * much, and the pass running it extends it while it runs (its heartbeat),
+   * so a task of a pass that died is recovered within one lease, not one timeout.
+   */
+  leaseMs: number;
+  /** The time to claim at; null for the database's clock. */
+  now: Date | null;
+}
+
+// SKIP LOCKED lets ten passes run this at the same instant and each take
+// different rows, none waiting on another. The SELECT sits in a CTE feeding
+// the UPDATE so the LIMIT subquery runs once (inlined, the planner may
+// re-evaluate it per row and claim more than asked). The SELECT reads only
+// tasks_claim_idx, a partial index of pending rows with no unfinished
+// dependencies, in the order of this ORDER BY. The names ($8) are those the
+// pass has handlers for, checked on the heap row like the timeout: 20 names
+// cost what one does, while ready rows of names no pass knows are read past
+// by every claim (docs/benchmarks.md, "The claim of known task names").
+//
+// The UPDATE finds the locked rows by primary key. It found them by ctid (a
+// TID scan) for a while, measured then as 0.7-1.3 ms per 1,000 tasks
+// cheaper; measured again in claim-and-settle loops (bench/loop.ts, claims
+// of 500 among 100,000 rows, 2 cores, PostgreSQL 15, fillfactor 50), the
+// primary-key lookup was cheaper in every one of 10 paired runs: claims cost
+// 11.1-13.6 ms of Postgres CPU per 1,000 tasks against 13.8-17.7 on one
+// connection, 15.1-19.9 against 18.2-24.5 on two. Should a concurrent update
+// have replaced a row between this statement's snapshot and its lock, the
+// UPDATE follows it to the version the CTE locked and checks the state again
+// there, so the claim is a compare-and-set on its own terms, not only through
+// the lock its CTE took.
+export const CLAIM_SQL = `
+WITH ready AS (
+  SELECT id FROM outlive.tasks
+  WHERE state = 'pending' AND waiting_on = 0
+    AND run_at <= coalesce($1::timestamptz, now())
+    AND timeout_ms <= $2
+    AND ($3::text[] IS NULL OR queue = ANY($3::text[]))
+    AND name = ANY($8::text[])
+  ORDER BY priority DESC NULLS LAST, run_at, id
+  LIMIT $4
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE outlive.tasks t
+SET state = 'running',
+    attempts = t.attempts + 1,
+    lease_owner = $5,
+    lease_expires_at = coalesce($1::timestamptz, now()) + (least(t.timeout_ms, $7) + $6) * interval '1 millisecond',
+    started_at = coalesce($1::timestamptz, now()),
+    updated_at = coalesce($1::timestamptz, now())
+FROM ready
+WHERE t.id = ready.id AND t.state = 'pending'
+RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.timeout_ms, t.run_id::text`;
+
+/**
+ * What a pass sends to claim: a call of `outlive.claim`, whose body is
+ * CLAIM_SQL (migrations 0009, then 0010 with names), as a named statement.
+ *
+ * The trade-off, measured on 2 cores, PostgreSQL 15: CLAIM_SQL sent unnamed
+ * (0000-0008) was parsed and planned for every claim, 460-530 us of backend
+ * CPU for a claim of one task among 30,000 ready rows, against 200-225 us
+ * this way; enqueue-to-start p50 in bench/ went from 3.11-3.25 ms to 2.78
+ * (graphile-worker 3.01-3.37 in the same runs), while the drains, whose
+ * claims are of ~500 rows, moved little. A prepared CLAIM_SQL itself is not safe:
+ * on a connection that had claimed from an empty queue a few times, Postgres
+ * switched it to the generic plan made for that empty table, a nested loop
+ * over a scan of all of outlive.tasks, and when a burst of 20,000 tasks
+ * arrived each claim of 500 took ~1 s until an ANALYZE replaced the plan.
+ * The function makes its plan generic from the first call and with
+ * sequential scans priced out, so it is the index plan on a table of any
+ * size (test/claim.test.ts claims such a burst and counts rows scanned).
+ */
+const CLAIM_CALL_SQL = 'SELECT * FROM outlive.claim($1, $2, $3, $4, $5, $6, $7, $8)';
+
+/** The claim function this code calls, as `to_regprocedure` names it. */
+export const CLAIM_FUNCTION = 'outlive.claim(timestamptz, integer, text[], integer, text, integer, integer, text[])';
+
+/** Postgres's error code for a call of a function that does not exist. */
+const UNDEFINED_FUNCTION = '42883';
+
+/** Claims up to `limit` ready tasks in one statement, marking them running under `owner`'s lease. */
+export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTask[]> {
+  if (req.limit <= 0) return [];
+  try {
+    return await db.query<ClaimedTask>(
+      CLAIM_CALL_SQL,
+      [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs, req.leaseMs, req.names],
+      'outlive_claim_names',
+    );
+  } catch (err) {
+    // A database migrated before 0010 has no outlive.claim taking names.
+    if ((err as { code?: string }).code === UNDEFINED_FUNCTION) {
+      throw Object.assign(new Error(`${(err as Error).message}: the outlive schema is older than this code; run migrate() to bring it up to date`, { cause: err }), {
+        code: UNDEFINED_FUNCTION,
+      });
+    }
+    throw err;
+  }
+}

@@ -1,0 +1,83 @@
+/**
+ * Known tasks: the task names passes were given, and when a pass last said
+ * so. A pass claims only the names it has handlers for, so a task that no
+ * deployed pass knows stays pending; these rows let `explainRun`, the CLI
+ * and the dashboard say so instead of "waiting for a pass to claim it".
+ */
+import type { Executor } from '../db/executor.js';
+
+/** How stale a name's `seen_at` may be while the passes that know it still run: announcing is throttled to this. */
+export const ANNOUNCE_EVERY_MS = 60_000;
+
+// One statement per pass; a name whose row is less than a minute old is not
+// written again, so a busy worker or a cron every few seconds adds no writes.
+const ANNOUNCE_SQL = `
+INSERT INTO outlive.known_tasks AS k (name, seen_at)
+SELECT n, coalesce($2::timestamptz, now()) FROM unnest($1::text[]) AS n
+ON CONFLICT (name) DO UPDATE SET seen_at = excluded.seen_at
+WHERE k.seen_at < excluded.seen_at - $3 * interval '1 millisecond'`;
+
+// When this process last announced each name, per pool: a long-lived worker
+// runs a pass per wake-up, and even a statement that writes nothing locks the
+// rows it matches (a WAL record each), so it is not sent more often than the
+// rows are refreshed.
+const announced = new WeakMap<object, Map<string, number>>();
+
+/**
+ * Records that a pass running now knows these task names. `pool` keys what
+ * this process announced lately; with `now` given (tests backdating), every
+ * call is sent.
+ */
+export async function announceTasks(db: Executor, names: readonly string[], now: Date | null, pool?: object): Promise<void> {
+  const at = performance.now();
+  const mine = pool && now === null ? (announced.get(pool) ?? announced.set(pool, new Map()).get(pool)!) : null;
+  const due = mine ? names.filter((n) => at - (mine.get(n) ?? -Infinity) >= ANNOUNCE_EVERY_MS / 2) : names;
+  if (due.length === 0) return;
+  try {
+    await db.query(ANNOUNCE_SQL, [[...due].sort(), now, ANNOUNCE_EVERY_MS], 'outlive_announce');
+    if (mine) for (const n of due) mine.set(n, at);
+  } catch (err) {
+    // A database migrated before 0010 has no outlive.known_tasks.
+    if ((err as { code?: string }).code === UNDEFINED_TABLE) {
+      throw Object.assign(new Error(`${(err as Error).message}: the outlive schema is older than this code; run migrate() to bring it up to date`, { cause: err }), {
+        code: UNDEFINED_TABLE,
+      });
+    }
+    throw err;
+  }
+}
+
+/** Postgres's error code for a table that does not exist. */
+const UNDEFINED_TABLE = '42P01';
+
+/** When passes last said they knew a name, and when any pass last said anything. */
+export interface KnownTasks {
+  /** Name -> the last time a pass given it ran (within {@link ANNOUNCE_EVERY_MS}). */
+  seen: Map<string, Date>;
+  /** The latest `seen_at` of any name: roughly when a pass last ran. */
+  lastPass: Date | null;
+}
+
+/** Reads the known task names. */
+export async function readKnownTasks(db: Executor): Promise<KnownTasks> {
+  const rows = await db.query<{ name: string; seen_at: Date }>(`SELECT name, seen_at FROM outlive.known_tasks`);
+  const seen = new Map(rows.map((r) => [r.name, new Date(r.seen_at)]));
+  let lastPass: Date | null = null;
+  for (const at of seen.values()) if (!lastPass || at > lastPass) lastPass = at;
+  return { seen, lastPass };
+}
+
+/**
+ * Why a ready task may be waiting on no one, in words, or null when a pass
+ * that knows its name ran lately. A name counts as unknown when passes have
+ * run since it was last announced by more than the throttle allows.
+ */
+export function nobodyRuns(name: string, known: KnownTasks): string | null {
+  if (!known.lastPass) return null;
+  const seen = known.seen.get(name);
+  if (seen && known.lastPass.getTime() - seen.getTime() <= 2 * ANNOUNCE_EVERY_MS) return null;
+  const since = seen ? seen.toISOString() : null;
+  return since
+    ? `no pass that ran since ${since} knows task "${name}" (the last pass ran at ${known.lastPass.toISOString()}): deploy its handler, or cancel it`
+    : `no pass that ran knows task "${name}" (the last pass ran at ${known.lastPass.toISOString()}): deploy its handler, or cancel it`;
+}

@@ -1,0 +1,67 @@
+/**
+ * Recover: hand back tasks whose lease expired because the pass holding them
+ * died (killed, crashed, timed out by its platform).
+ */
+import { inTransaction, toPool, type Database } from '../db/executor.js';
+import { applyRunEffects, recountWaits } from './run-effects.js';
+import type { SettledRow } from './settle.js';
+
+/** What a recovery pass did. */
+export interface RecoverReport {
+  /** Tasks put back to pending for another attempt. */
+  retried: number;
+  /** Tasks that had no attempts left and failed for good. */
+  failed: number;
+  /** Tasks of runs whose count of unfinished dependencies was corrected (see `outlive.recounts`). */
+  recounted: number;
+  rows: SettledRow[];
+}
+
+// The lock (FOR UPDATE SKIP LOCKED) and the recheck of state and lease in the
+// UPDATE make this a compare-and-set: a completion that commits first leaves a
+// row that no longer matches, so a recovery racing a completion never
+// overwrites it. The expired attempt counts as a failed one; its next attempt
+// backs off exponentially from 1 s (the task's own policy is code, not a row).
+export const RECOVER_SQL = `
+WITH expired AS (
+  SELECT id FROM outlive.tasks
+  WHERE state = 'running' AND lease_expires_at < coalesce($1::timestamptz, now())
+  ORDER BY lease_expires_at
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE outlive.tasks t
+SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'pending' END::outlive.task_state,
+    run_at = CASE WHEN t.attempts >= t.max_attempts THEN t.run_at
+                  ELSE coalesce($1::timestamptz, now()) + least(3600000, 1000 * 2 ^ least(t.attempts - 1, 30)) * interval '1 millisecond' END,
+    last_error = 'lease expired: the pass running attempt ' || t.attempts || ' stopped before settling it',
+    errors = t.errors || jsonb_build_array(jsonb_build_object(
+      'attempt', t.attempts,
+      'at', coalesce($1::timestamptz, now()),
+      'name', 'LeaseExpired',
+      'message', 'lease expired: the pass running attempt ' || t.attempts || ' stopped before settling it')),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN t.attempts >= t.max_attempts THEN coalesce($1::timestamptz, now()) END,
+    updated_at = coalesce($1::timestamptz, now())
+FROM expired
+WHERE t.id = expired.id AND t.state = 'running' AND t.lease_expires_at < coalesce($1::timestamptz, now())
+RETURNING t.id::text, t.state::text, t.run_id::text, t.step`;
+
+/**
+ * Recovers up to `limit` tasks whose lease expired before `now` (default: the
+ * database's clock). A recovered task of a run that has no attempts left
+ * fails its downstream tasks and run in the same transaction. It also
+ * recounts the tasks spawns listed as unsure of their release.
+ */
+export async function recover(db: Database, options: { now?: Date | null; limit?: number } = {}): Promise<RecoverReport> {
+  const now = options.now ?? null;
+  const { rows, recounted } = await inTransaction(toPool(db), async (tx) => {
+    const recovered = await tx.query<SettledRow>(RECOVER_SQL, [now, options.limit ?? 1000]);
+    await applyRunEffects(tx, recovered, new Map(), now);
+    return { rows: recovered, recounted: await recountWaits(tx, now) };
+  });
+  let failed = 0;
+  for (const r of rows) if (r.state === 'failed') failed++;
+  return { retried: rows.length - failed, failed, recounted, rows };
+}

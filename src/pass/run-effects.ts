@@ -1,0 +1,270 @@
+/**
+ * Release: the knock-on effects of settling tasks that belong to runs, written
+ * in the same transaction as the settle itself.
+ *
+ * - a success decrements `waiting_on` of the tasks that already waited for
+ *   it (at 0 they become claimable), then writes what the task spawned;
+ * - a failure for good marks every task downstream of it `skipped`, and
+ *   records it as the task that failed its run;
+ * - every run touched has its count of unfinished tasks adjusted, and takes
+ *   its final state when the count reaches 0.
+ *
+ * Rows are locked in id order in every statement here, and runs after tasks,
+ * so concurrent settles of one run queue up rather than deadlock.
+ */
+import { InvalidGraphError } from '../model/errors.js';
+import type { Executor } from '../db/executor.js';
+import { stepColumns, stepEdges, type PreparedStep } from '../model/step.js';
+
+/** A settled row of a run, as the knock-on effects need it. */
+export interface RunRow {
+  id: string;
+  state: string;
+  run_id: string | null;
+  step: string | null;
+}
+
+// Decrement each dependent once per dependency that just succeeded. The
+// NOTIFY wakes listening workers for tasks this made ready.
+const RELEASE_SQL = `
+WITH c AS (
+  SELECT task_id, count(*)::int AS n FROM outlive.task_deps WHERE depends_on = ANY($1::bigint[]) GROUP BY task_id
+), locked AS (
+  SELECT t.id, c.n FROM outlive.tasks t JOIN c ON c.task_id = t.id
+  WHERE t.state = 'pending' ORDER BY t.id FOR UPDATE OF t
+), upd AS (
+  UPDATE outlive.tasks t SET waiting_on = t.waiting_on - locked.n, updated_at = coalesce($2::timestamptz, now())
+  FROM locked WHERE t.id = locked.id
+  RETURNING t.queue, t.waiting_on
+)
+SELECT count(*) FILTER (WHERE waiting_on = 0)::int AS ready,
+       (SELECT count(pg_notify('outlive', q.queue)) FROM (SELECT DISTINCT queue FROM upd WHERE waiting_on = 0) q)::int AS notified
+FROM upd`;
+
+// Every pending task downstream of a failed one: none of them can ever start.
+const SKIP_SQL = `
+WITH RECURSIVE down(id) AS (
+  SELECT task_id FROM outlive.task_deps WHERE depends_on = $1::bigint
+  UNION
+  SELECT d.task_id FROM outlive.task_deps d JOIN down ON d.depends_on = down.id
+), locked AS (
+  SELECT t.id FROM outlive.tasks t WHERE t.id IN (SELECT id FROM down) AND t.state = 'pending'
+  ORDER BY t.id FOR UPDATE
+)
+UPDATE outlive.tasks t
+SET state = 'skipped', last_error = $3, finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
+FROM locked WHERE t.id = locked.id
+RETURNING t.id::text`;
+
+const FINISH_RUNS_SQL = `
+UPDATE outlive.runs r
+SET unfinished = r.unfinished + d.delta,
+    failed_task_id = coalesce(r.failed_task_id, d.failed_task_id),
+    error = coalesce(r.error, d.error),
+    state = CASE WHEN r.state = 'running' AND r.unfinished + d.delta <= 0
+                 THEN CASE WHEN coalesce(r.failed_task_id, d.failed_task_id) IS NULL THEN 'succeeded' ELSE 'failed' END::outlive.run_state
+                 ELSE r.state END,
+    finished_at = CASE WHEN r.state = 'running' AND r.unfinished + d.delta <= 0 THEN coalesce($1::timestamptz, now()) ELSE r.finished_at END,
+    updated_at = coalesce($1::timestamptz, now())
+FROM unnest($2::bigint[], $3::int[], $4::bigint[], $5::text[]) AS d(id, delta, failed_task_id, error)
+WHERE r.id = d.id`;
+
+// Steps a spawn refers to (or would collide with) are locked first, so a
+// dependency that is settling right now either committed already (and is
+// seen as succeeded) or waits and then finds the new edge to release.
+const LOCK_STEPS_SQL = `
+SELECT id::text, step, state::text FROM outlive.tasks
+WHERE run_id = $1 AND step = ANY($2::text[])
+ORDER BY id FOR UPDATE`;
+
+const INSERT_SPAWNS_SQL = `
+WITH ins AS (
+  INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error, finished_at)
+  SELECT $1, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, now()), s.input::jsonb, s.waiting_on,
+         s.state::outlive.task_state, s.last_error, CASE WHEN s.state = 'skipped' THEN coalesce($2::timestamptz, now()) END
+  FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::int[], $12::text[], $13::text[])
+       AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error)
+  RETURNING id, step
+), ids AS (
+  -- The spawned steps, and the steps already in the run that they wait for
+  -- (a lookup object rather than a join: see START_RUN_SQL in runs.ts).
+  SELECT jsonb_object_agg(step, id) AS of
+  FROM (SELECT id, step FROM ins UNION ALL SELECT x.id, x.step FROM unnest($16::bigint[], $17::text[]) AS x(id, step)) a
+), edges AS (
+  INSERT INTO outlive.task_deps (run_id, task_id, depends_on)
+  SELECT $1, (ids.of ->> e.child)::bigint, (ids.of ->> e.parent)::bigint
+  FROM ids, unnest($14::text[], $15::text[]) AS e(child, parent)
+), unsure AS (
+  INSERT INTO outlive.recounts (task_id) SELECT id FROM ins WHERE step = ANY($18::text[])
+)
+SELECT count(*)::int AS n FROM ins`;
+
+const BROKEN = new Set(['failed', 'skipped', 'cancelled']);
+
+/**
+ * Writes the steps a task spawned into its run. Returns how many of them are
+ * unfinished (those born downstream of a failure are written as skipped).
+ */
+export async function insertSpawns(db: Executor, runId: string, spawner: string, steps: readonly PreparedStep[], now: Date | null): Promise<number> {
+  const where = `task ${spawner} spawning into run ${runId}`;
+  const fresh = new Map(steps.map((s) => [s.step, s]));
+  const referenced = new Set<string>(fresh.keys());
+  for (const s of steps) for (const dep of s.after) referenced.add(dep);
+  const existing = await db.query<{ id: string; step: string; state: string }>(LOCK_STEPS_SQL, [runId, [...referenced]]);
+  const byStep = new Map(existing.map((e) => [e.step, e]));
+  for (const s of steps) {
+    if (byStep.has(s.step)) throw new InvalidGraphError(`outlive: ${where}: step "${s.step}" already exists in the run`);
+    for (const dep of s.after) {
+      if (!fresh.has(dep) && !byStep.has(dep)) throw new InvalidGraphError(`outlive: ${where}: step "${s.step}" waits for "${dep}", which is not in the run`);
+    }
+  }
+  // Born skipped: waits (directly or through other new steps) on a step that can never succeed.
+  const skipped = new Map<string, string>();
+  let changed = true;
+  while (changed) {
+    changed = false;
+    for (const s of steps) {
+      if (skipped.has(s.step)) continue;
+      for (const dep of s.after) {
+        const broken = BROKEN.has(byStep.get(dep)?.state ?? '') || skipped.has(dep);
+        if (broken) {
+          skipped.set(s.step, `not run: upstream step "${dep}" did not succeed`);
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  const waiting = steps.map((s) => unfinishedDependencies(s, fresh, byStep));
+  const { children, parents } = stepEdges(steps);
+  const external = existing.filter((e) => parents.includes(e.step));
+  // A step running in another pass may be settled by a statement that took
+  // its snapshot before this spawn committed (it waited for the lock held
+  // here): that statement cannot see the new edges to release them. Rows
+  // waiting for such a step are listed for recovery to recount.
+  const unsure = steps.filter((s) => !skipped.has(s.step) && s.after.some((dep) => byStep.get(dep)?.state === 'running'));
+  await db.query(INSERT_SPAWNS_SQL, [
+    runId,
+    now,
+    ...stepColumns(steps),
+    waiting,
+    steps.map((s) => (skipped.has(s.step) ? 'skipped' : 'pending')),
+    steps.map((s) => skipped.get(s.step) ?? null),
+    children,
+    parents,
+    external.map((e) => e.id),
+    external.map((e) => e.step),
+    unsure.map((s) => s.step),
+  ]);
+  return steps.length - skipped.size;
+}
+
+/**
+ * The one rule for a new row's `waiting_on`: its dependencies that have not
+ * succeeded as the spawn sees them (their rows locked). Every transaction
+ * releases the dependents of its successes before it writes spawns, so a
+ * release never reaches a row written after it, and no success is counted
+ * off a new row twice.
+ */
+function unfinishedDependencies(s: PreparedStep, fresh: ReadonlyMap<string, PreparedStep>, existing: ReadonlyMap<string, { state: string }>): number {
+  let n = 0;
+  for (const dep of s.after) if (fresh.has(dep) || existing.get(dep)!.state !== 'succeeded') n++;
+  return n;
+}
+
+// Recounts the rows a spawn could not be sure would be released (see
+// insertSpawns). Locked first, in a statement of their own, so the count
+// that follows reads every release committed before the lock was granted; a
+// release still waiting for the lock then decrements the recounted value.
+// A row stays listed while a step it waits for is running, since that
+// step's settle may be the statement that cannot see its edge; rows no
+// longer pending leave the list.
+const LOCK_RECOUNTS_SQL = `
+WITH gone AS (
+  DELETE FROM outlive.recounts r
+  WHERE NOT EXISTS (SELECT 1 FROM outlive.tasks t WHERE t.id = r.task_id AND t.state = 'pending')
+)
+SELECT t.id::text FROM outlive.recounts r JOIN outlive.tasks t ON t.id = r.task_id
+WHERE t.state = 'pending' ORDER BY t.id FOR UPDATE OF t`;
+
+const RECOUNT_SQL = `
+WITH counted AS (
+  SELECT t.id, t.queue, t.waiting_on AS was,
+         count(*) FILTER (WHERE p.state IS DISTINCT FROM 'succeeded')::int AS n,
+         count(*) FILTER (WHERE p.state = 'running')::int AS running
+  FROM outlive.tasks t
+  JOIN outlive.task_deps d ON d.task_id = t.id
+  LEFT JOIN outlive.tasks p ON p.id = d.depends_on
+  WHERE t.id = ANY($1::bigint[]) AND t.state = 'pending'
+  GROUP BY t.id
+), upd AS (
+  UPDATE outlive.tasks t SET waiting_on = c.n, updated_at = coalesce($2::timestamptz, now())
+  FROM counted c WHERE t.id = c.id AND c.n <> c.was
+  RETURNING t.queue, t.waiting_on
+), done AS (
+  DELETE FROM outlive.recounts r USING counted c WHERE r.task_id = c.id AND c.running = 0
+)
+SELECT (SELECT count(*) FROM upd)::int AS fixed,
+       (SELECT count(pg_notify('outlive', q.queue)) FROM (SELECT DISTINCT queue FROM upd WHERE waiting_on = 0) q)::int AS notified`;
+
+/**
+ * Recounts `waiting_on` of the rows spawns listed as unsure, in the
+ * transaction `db` is in; returns how many it corrected. Run by recovery.
+ */
+export async function recountWaits(db: Executor, now: Date | null): Promise<number> {
+  const locked = await db.query<{ id: string }>(LOCK_RECOUNTS_SQL, []);
+  if (locked.length === 0) return 0;
+  const [r] = await db.query<{ fixed: number }>(RECOUNT_SQL, [locked.map((l) => l.id), now]);
+  return r?.fixed ?? 0;
+}
+
+/**
+ * Applies the knock-on effects of `rows` (just settled, or just failed by
+ * recovery) in the transaction `db` is in. `spawns` holds what each
+ * succeeded task spawned, by task id.
+ */
+export async function applyRunEffects(
+  db: Executor,
+  rows: readonly RunRow[],
+  spawns: ReadonlyMap<string, readonly PreparedStep[]>,
+  now: Date | null,
+): Promise<void> {
+  const runs = new Map<string, { delta: number; failedTask: string | null; error: string | null }>();
+  const runOf = (id: string) => {
+    let r = runs.get(id);
+    if (!r) runs.set(id, (r = { delta: 0, failedTask: null, error: null }));
+    return r;
+  };
+  const succeeded: RunRow[] = [];
+  for (const row of rows) {
+    if (!row.run_id || row.state === 'pending' || row.state === 'released') continue;
+    runOf(row.run_id).delta -= 1;
+    if (row.state === 'succeeded') succeeded.push(row);
+  }
+  // Release before spawning: see unfinishedDependencies.
+  if (succeeded.length > 0) await db.query(RELEASE_SQL, [succeeded.map((r) => r.id), now]);
+  for (const row of succeeded) {
+    const spawned = spawns.get(row.id);
+    if (spawned?.length) runOf(row.run_id!).delta += await insertSpawns(db, row.run_id!, row.id, spawned, now);
+  }
+  for (const row of rows) {
+    if (!row.run_id || row.state !== 'failed') continue;
+    const label = row.step ? `step "${row.step}" (task ${row.id})` : `task ${row.id}`;
+    const skipped = await db.query(SKIP_SQL, [row.id, now, `not run: upstream ${label} failed`]);
+    const run = runOf(row.run_id);
+    run.delta -= skipped.length;
+    if (!run.failedTask) {
+      run.failedTask = row.id;
+      run.error = `${label} failed`;
+    }
+  }
+  if (runs.size === 0) return;
+  const ids = [...runs.keys()].sort((a, b) => (BigInt(a) < BigInt(b) ? -1 : 1));
+  await db.query(FINISH_RUNS_SQL, [
+    now,
+    ids,
+    ids.map((id) => runs.get(id)!.delta),
+    ids.map((id) => runs.get(id)!.failedTask),
+    ids.map((id) => runs.get(id)!.error),
+  ]);
+}

