@@ -161,7 +161,7 @@ export const taskDeps = outlive.table(
  * wait for a step that was running in another pass when they were written,
  * whose settle may have been a statement that began before the spawn
  * committed and so cannot see the new edge. Written by spawns
- * (src/release.ts), recounted and cleared by recovery.
+ * (src/pass/run-effects.ts), recounted and cleared by recovery.
  */
 export const recounts = outlive.table('recounts', {
   taskId: bigint('task_id', { mode: 'bigint' }).primaryKey(),
@@ -172,7 +172,7 @@ export const recounts = outlive.table('recounts', {
  * The task names passes were given, and when a pass last said so. A pass
  * claims only names it can run; this is how `explainRun`, the CLI and the
  * dashboard tell a ready task nobody can run from one waiting its turn.
- * Written by every pass (src/known-tasks.ts), at most once a minute a name.
+ * Written by every pass (src/pass/known-tasks.ts), at most once a minute a name.
  */
 export const knownTasks = outlive.table('known_tasks', {
   name: text('name').primaryKey(),
@@ -181,7 +181,7 @@ export const knownTasks = outlive.table('known_tasks', {
 
 // ---------------------------------------------------------------------------
 // Recurring work (issue 5): the schedules declared in code, and the slots
-// they fired. Written by `enqueueDue` (src/schedule.ts), pruned by retention.
+// they fired. Written by `enqueueDue` (src/maintenance/schedule.ts), pruned by retention.
 // ---------------------------------------------------------------------------
 
 /**
@@ -231,7 +231,7 @@ export const scheduleSlots = outlive.table(
 
 // ---------------------------------------------------------------------------
 // Serverless functions (issue 4): nonces of accepted drain requests, so a
-// captured signed request cannot be replayed. Read and written by src/nudge.ts.
+// captured signed request cannot be replayed. Read and written by src/http/nudge.ts.
 // ---------------------------------------------------------------------------
 
 /**

@@ -12,7 +12,7 @@
  *   PassError, and the task is left running under its lease until recovery
  *   re-runs it (each attempt ending "lease expired"). Tasks outside runs
  *   settle in one statement per batch with no per-outcome fallback
- *   (src/settle.ts, `settle`), so every task settled in the same batch is
+ *   (src/pass/settle.ts, `settle`), so every task settled in the same batch is
  *   left running and re-executed with it.
  */
 import { describe, expect, it } from 'vitest';

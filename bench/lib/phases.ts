@@ -376,7 +376,7 @@ interface ClaimTimeResult {
 
 /**
  * outlive only: the time of one claim as a worker sends it (a call of
- * outlive.claim, whose body is CLAIM_SQL of src/claim.ts; 10 tasks) with
+ * outlive.claim, whose body is CLAIM_SQL of src/pass/claim.ts; 10 tasks) with
  * 1,000,000 finished rows in the table, and with 100,000 pending ones.
  */
 export async function claim(ctx: Context, system: SystemName): Promise<PhaseResult> {

@@ -224,7 +224,7 @@ function resultsSection(record: RunRecord, images: { throughput: string; latency
   if (ran(record, 'claim')) {
     out.push('', '### Claim time (outlive)', '');
     out.push(
-      `The claim as a worker sends it (\`SELECT * FROM outlive.claim(...)\`, prepared; its body is \`CLAIM_SQL\` of src/claim.ts) taking ${s.claimLimit} tasks, timed at the client (one round trip, committed), ${s.claimReps} times per table; ` +
+      `The claim as a worker sends it (\`SELECT * FROM outlive.claim(...)\`, prepared; its body is \`CLAIM_SQL\` of src/pass/claim.ts) taking ${s.claimLimit} tasks, timed at the client (one round trip, committed), ${s.claimReps} times per table; ` +
         'server-side planning and execution from one `EXPLAIN (ANALYZE, BUFFERS)` of `CLAIM_SQL` planned as the function plans it (generic, sequential scans priced out), run in a rolled-back transaction.',
       '',
     );

@@ -7,7 +7,11 @@ import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import type PgModule from 'pg';
 import { z } from 'zod';
-import * as outlive from '../../src/index.ts';
+import * as core from '../../src/index.ts';
+import * as node from '../../src/node/index.ts';
+import { toExecutor } from '../../src/db/executor.ts';
+
+const outlive = { ...core, ...node, toExecutor };
 import { claim, CLAIM_SQL } from '../../src/pass/claim.ts';
 import type { Driver, Payload, WorkerSettings } from './protocol.ts';
 
@@ -20,7 +24,7 @@ type Pool = PgModule.Pool;
 type PoolClient = PgModule.PoolClient;
 
 // Errors only: a benchmark should not measure console output.
-const quiet: outlive.WorkerLogger = {
+const quiet: node.WorkerLogger = {
   info: () => undefined,
   warn: (m) => console.warn(m),
   error: (m) => console.error(m),
@@ -67,7 +71,7 @@ export async function startDagRun(url: string, leaves: number, spawned: boolean)
   const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'bench-outlive-dag' });
   try {
     const { root, leaf, join } = dagTasks(() => undefined);
-    const steps: Record<string, outlive.Step> = { root: outlive.step(root, { i: 0, spawn: spawned ? leaves : 0 }) };
+    const steps: Record<string, core.Step> = { root: outlive.step(root, { i: 0, spawn: spawned ? leaves : 0 }) };
     if (!spawned) {
       const names: string[] = [];
       for (let k = 1; k <= leaves; k++) {
@@ -95,8 +99,8 @@ export function createDriver(options: OutliveOptions = {}): Driver {
   let url = '';
   let pool: Pool | null = null;
   let txClient: PoolClient | null = null;
-  let worker: outlive.Worker | null = null;
-  let noop: outlive.AnyTask | null = null;
+  let worker: node.Worker | null = null;
+  let noop: core.AnyTask | null = null;
   const task = (run: (p: Payload) => void = () => undefined) =>
     outlive.defineTask({ name: 'noop', input: payloadSchema, keepSucceeded, run: (input) => run(input) });
 
@@ -104,7 +108,7 @@ export function createDriver(options: OutliveOptions = {}): Driver {
     name: keepSucceeded ? 'outlive' : 'outlive-drop',
     version: () => JSON.parse(readFileSync(`${ROOT}/package.json`, 'utf8')).version + ' (working tree)',
     settings: (concurrency) =>
-      `createWorker({ connectionString, concurrency: ${concurrency} }) (src/worker.ts: LISTEN outlive, tick passes, ` +
+      `createWorker({ connectionString, concurrency: ${concurrency} }) (src/node/worker.ts: LISTEN outlive, tick passes, ` +
       `its own pg.Pool of ${poolSize(concurrency)}); other options at their defaults (pollIntervalMs 2,000, retention on)` +
       (keepSucceeded ? '' : `; the task defined with keepSucceeded: false (a success's row is deleted by its settle)`),
     async install(target) {
@@ -179,7 +183,7 @@ export interface ClaimTimeResult {
 
 /**
  * Times the claim as a worker sends it (a call of `outlive.claim`, whose body
- * is `CLAIM_SQL` of src/claim.ts) on a table holding `finished` succeeded
+ * is `CLAIM_SQL` of src/pass/claim.ts) on a table holding `finished` succeeded
  * rows and `pending` ready rows, written directly with generate_series (the
  * rows are what enqueue and settle would leave; writing them through the API
  * would take minutes and measure something else).

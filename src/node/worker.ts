@@ -14,6 +14,7 @@ import { checkWhole } from '../model/checks.js';
 import { setMaxListeners } from 'node:events';
 import pg from 'pg';
 import { CLAIM_FUNCTION } from '../pass/claim.js';
+import { Listener } from './listener.js';
 import { ConfigError, toError } from '../model/errors.js';
 import { applyRetention, retentionConfig, type RetentionOptions, type RetentionReport } from '../maintenance/retention.js';
 import { enqueueDue, isSchedule, ScheduleError, type AnySchedule, type EnqueueDueReport } from '../maintenance/schedule.js';
@@ -206,8 +207,18 @@ export function createWorker(options: WorkerOptions): Worker {
   // Every running handler listens on it: without this, concurrency above 10 draws Node's leak warning.
   setMaxListeners(concurrency + 10, abort.signal);
 
-  let listener: pg.Client | null = null;
-  let reconnectTimer: ReturnType<typeof setTimeout> | undefined;
+  const listener = listen
+    ? new Listener({
+        config: () => listenerConfig(),
+        queues,
+        reconnectBaseMs,
+        reconnectMaxMs,
+        pollIntervalMs,
+        log,
+        wake: () => wake(),
+        count: (event) => stats[event]++,
+      })
+    : null;
   let pollTimer: ReturnType<typeof setTimeout> | undefined;
   let clockTimer: ReturnType<typeof setTimeout> | undefined;
   let passing: Promise<void> | null = null;
@@ -261,7 +272,7 @@ export function createWorker(options: WorkerOptions): Worker {
       // Recovery hands back leases that expired; one run per poll interval
       // finds them soon enough, without three more round trips (and a
       // connection) for every pass. The pass runs it beside its first claim,
-      // so a woken pass does not wait for it (src/tick.ts). (Before it ran
+      // so a woken pass does not wait for it (src/pass/tick.ts). (Before it ran
       // beside the claim, dropping it from most passes took p50
       // enqueue-to-start from 10.0 to 7.5 ms in scripts/worker-latency.ts.)
       const recover = performance.now() - lastRecover >= pollIntervalMs;
@@ -288,73 +299,6 @@ export function createWorker(options: WorkerOptions): Worker {
       // A pass that ran out of budget may have left ready work behind.
       if (report.stoppedBy === 'budget' || report.stoppedBy === 'maxTasks') again = true;
     } while (again && state === 'running');
-  }
-
-  // --- the LISTEN connection ------------------------------------------------
-
-  async function connectListener(): Promise<void> {
-    const client = new pg.Client(listenerConfig());
-    client.on('notification', (msg) => {
-      stats.notifications++;
-      if (msg.channel !== 'outlive') return;
-      if (queues && msg.payload !== undefined && !queues.includes(msg.payload)) return;
-      wake();
-    });
-    client.on('error', (err) => lost(client, err));
-    client.on('end', () => lost(client, new Error('connection closed')));
-    try {
-      await client.connect();
-      await client.query('LISTEN outlive');
-    } catch (err) {
-      client.removeAllListeners('end');
-      // Keep an error listener: a late socket error must not crash the process.
-      client.removeAllListeners('error').on('error', () => undefined);
-      await client.end().catch(() => undefined);
-      throw err;
-    }
-    listener = client;
-  }
-
-  function lost(client: pg.Client, err: Error): void {
-    // Only the current connection's loss matters; a closing or failed one's events are noise.
-    if (client !== listener) return;
-    listener = null;
-    client.removeAllListeners('end');
-    client.removeAllListeners('error').on('error', () => undefined);
-    void client.end().catch(() => undefined);
-    if (state !== 'running') return;
-    stats.disconnects++;
-    log.warn(`outlive worker: LISTEN connection lost (${err.message}); reconnecting, polling every ${pollIntervalMs} ms meanwhile`);
-    scheduleReconnect(0);
-  }
-
-  function scheduleReconnect(attempt: number): void {
-    if (state !== 'running') return;
-    // Exponential backoff with jitter, so many workers losing the server at
-    // once do not reconnect in lockstep.
-    const ceiling = Math.min(reconnectMaxMs, reconnectBaseMs * 2 ** Math.min(attempt, 20));
-    const delay = Math.round(ceiling / 2 + (Math.random() * ceiling) / 2);
-    reconnectTimer = setTimeout(() => {
-      connectListener().then(
-        () => {
-          if (state !== 'running') {
-            void listener?.end().catch(() => undefined);
-            listener = null;
-            return;
-          }
-          stats.reconnects++;
-          log.info(`outlive worker: LISTEN connection re-established after ${attempt + 1} attempt(s)`);
-          // Anything enqueued while nobody listened gets a pass now.
-          wake();
-        },
-        (err: unknown) => {
-          if (state !== 'running') return;
-          const next = Math.min(reconnectMaxMs, reconnectBaseMs * 2 ** Math.min(attempt + 1, 20));
-          log.warn(`outlive worker: reconnecting the LISTEN connection failed (${toError(err).message}); retrying in about ${next} ms`);
-          scheduleReconnect(attempt + 1);
-        },
-      );
-    }, delay);
   }
 
   // --- the clock: schedules and retention -------------------------------------
@@ -448,7 +392,7 @@ export function createWorker(options: WorkerOptions): Worker {
       if (schedules.length > 0 && !found.schedules) {
         throw new ConfigError('outlive: the database has no outlive.schedules table: run migrate() to bring it up to date');
       }
-      if (listen) await connectListener();
+      await listener?.start();
     } catch (err) {
       state = 'stopped';
       if (ownPool) await pool?.end().catch(() => undefined);
@@ -484,15 +428,8 @@ export function createWorker(options: WorkerOptions): Worker {
       // A stop during start (a signal while connecting) lets the start finish first, so nothing it opens is left open.
       await starting?.catch(() => undefined);
       clearTimeout(pollTimer);
-      clearTimeout(reconnectTimer);
       clearTimeout(clockTimer);
-      const l = listener;
-      listener = null;
-      if (l) {
-        l.removeAllListeners('end');
-        l.removeAllListeners('error').on('error', () => undefined);
-        await l.end().catch(() => undefined);
-      }
+      await listener?.stop();
       if (passing) {
         log.info(`outlive worker: stopping; waiting up to ${Math.max(0, graceEndsAt - Date.now())} ms for running tasks`);
         armGrace();

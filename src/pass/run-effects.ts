@@ -87,7 +87,7 @@ WITH ins AS (
   RETURNING id, step
 ), ids AS (
   -- The spawned steps, and the steps already in the run that they wait for
-  -- (a lookup object rather than a join: see START_RUN_SQL in runs.ts).
+  -- (a lookup object rather than a join: see START_RUN_SQL in src/write/start-run.ts).
   SELECT jsonb_object_agg(step, id) AS of
   FROM (SELECT id, step FROM ins UNION ALL SELECT x.id, x.step FROM unnest($16::bigint[], $17::text[]) AS x(id, step)) a
 ), edges AS (

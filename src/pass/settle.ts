@@ -20,7 +20,7 @@ export interface SettledRow extends RunRow {
 // failures it holds: outcomes travel as parallel arrays and unnest into rows.
 // Under load this folds the settles of every task that finished while the
 // previous settle was in flight into one round trip and one commit. Outputs
-// and errors are JSON text, cast row by row (see INSERT_TASKS in enqueue.ts).
+// and errors are JSON text, cast row by row (see INSERT_TASKS in src/write/enqueue.ts).
 // The planner may find the rows through tasks_lease_idx, which is keyed by
 // lease owner first (migration 0008), so a settle reads its own pass's
 // running rows there, never every pass's (test/settle.test.ts, "settle plans").

@@ -10,11 +10,12 @@
 import { checkWhole } from '../model/checks.js';
 import { claim, type ClaimedTask } from './claim.js';
 import { ConfigError, OutliveError, toError } from '../model/errors.js';
-import { AttemptAbort, execute, HandBackError, type Heartbeat, type Outcome } from './execute.js';
+import { execute, HandBackError } from './execute.js';
+import { LeaseWatch } from './lease-watch.js';
+import { Settler } from './settler.js';
 import { toExecutor, toPool, type Database } from '../db/executor.js';
 import { announceTasks } from './known-tasks.js';
 import { recover } from './recover.js';
-import { settle, SettleIncompleteError, type SettledRow } from './settle.js';
 import { taskRegistry, type TaskList } from '../model/task.js';
 import { checkName } from '../model/checks.js';
 
@@ -122,24 +123,7 @@ export class PassError extends OutliveError {
   }
 }
 
-/** The reason a handler's signal carries when its row is no longer its to settle. */
-export class LeaseLostError extends Error {
-  constructor(taskId: string) {
-    super(`task ${taskId} was cancelled or its lease was lost; its result will not be recorded`);
-    this.name = 'LeaseLostError';
-  }
-}
-
-// The heartbeat: extends the leases this pass still holds (a compare-and-set
-// on state and owner) and returns the ids it no longer holds.
-export const HEARTBEAT_SQL = `
-WITH held AS (
-  UPDATE outlive.tasks
-  SET lease_expires_at = greatest(lease_expires_at, coalesce($3::timestamptz, now()) + (least(timeout_ms, $4) + $5) * interval '1 millisecond')
-  WHERE id = ANY($1::bigint[]) AND state = 'running' AND lease_owner = $2
-  RETURNING id
-)
-SELECT x.id::text FROM unnest($1::bigint[]) AS x(id) WHERE x.id NOT IN (SELECT id FROM held)`;
+export { LeaseLostError, HEARTBEAT_SQL } from './lease-watch.js';
 
 function positiveInt(name: string, value: number | undefined, fallback: number): number {
   return checkWhole(`tick option ${name}`, value ?? fallback, { min: 1 });
@@ -202,7 +186,6 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   const nextProgress = () => new Promise<void>((resolve) => (wake = resolve));
 
   let running = 0;
-  let unsettled = 0;
   // Counts what may have made work ready: a settle of a run's task (it may
   // have released dependents) or of a retry, and wake-ups. The queue is dry
   // while nothing has happened since a claim that began at that count came
@@ -211,74 +194,26 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   let readyCount = 0;
   let dryAt = -1;
   const dry = () => dryAt === readyCount;
-  const queue: Outcome[] = [];
-  let flushing: Promise<void> | null = null;
-
-  // Settles are batched: while one settle statement is in flight, outcomes of
-  // handlers that finish meanwhile wait and go together in the next one.
-  const flush = (): Promise<void> => {
-    if (flushing) return flushing;
-    flushing = (async () => {
-      while (queue.length > 0) {
-        const batch = queue.splice(0, queue.length);
-        try {
-          let rows: SettledRow[];
-          let kept = 0;
-          try {
-            rows = await settle(pool, owner, batch, now);
-          } catch (err) {
-            // What landed is counted; the rest keep their leases for recovery.
-            if (!(err instanceof SettleIncompleteError)) throw err;
-            dbError ??= err.cause ?? err;
-            rows = err.rows;
-            kept = err.kept;
-          }
-          for (const r of rows) {
-            if ((r.run_id && r.state !== 'released') || r.state === 'pending') readyCount++;
-            if (r.state === 'succeeded') report.succeeded++;
-            else if (r.state === 'pending') report.retried++;
-            else if (r.state === 'released') report.released++;
-            else report.failed++;
-          }
-          report.lostLeases += batch.length - rows.length - kept;
-        } catch (err) {
-          // The rows keep their leases; recovery hands them back after expiry.
-          dbError ??= err;
-        }
-        unsettled -= batch.length;
-        progress();
+  const settler = new Settler(
+    pool,
+    owner,
+    now,
+    ({ rows, size, kept }) => {
+      for (const r of rows) {
+        if ((r.run_id && r.state !== 'released') || r.state === 'pending') readyCount++;
+        if (r.state === 'succeeded') report.succeeded++;
+        else if (r.state === 'pending') report.retried++;
+        else if (r.state === 'released') report.released++;
+        else report.failed++;
       }
-      flushing = null;
-    })();
-    return flushing;
-  };
-
-  // Handlers whose row stopped being theirs (a cancelled run, a lease that
-  // expired and was recovered) are told through their signal. Only tasks
-  // running longer than one check interval are looked at, so a pass of short
-  // tasks never sends this query.
-  const leaseCheckMs = options.leaseCheckMs ?? 1_000;
-  const active = new Map<string, { abort: AttemptAbort; since: number }>();
-  // The check in flight, awaited before the pass returns: the caller may
-  // close the pool as soon as it does.
-  let checking: Promise<void> | null = null;
-  const checkLeases = () => {
-    if (checking) return;
-    const cutoff = performance.now() - leaseCheckMs;
-    const ids = [...active].filter(([, a]) => a.since <= cutoff).map(([id]) => id);
-    if (ids.length === 0) return;
-    checking = (async () => {
-      try {
-        const lost = await exec.query<{ id: string }>(HEARTBEAT_SQL, [ids, owner, now, leaseMs, leaseGraceMs]);
-        for (const { id } of lost) active.get(id)?.abort.abort(new LeaseLostError(id));
-      } catch {
-        // A failed check is retried at the next interval; settling is what guards correctness.
-      } finally {
-        checking = null;
-      }
-    })();
-  };
-  const watcher = setInterval(checkLeases, leaseCheckMs);
+      report.lostLeases += size - rows.length - kept;
+      progress();
+    },
+    (err) => {
+      dbError ??= err;
+    },
+  );
+  const leases = new LeaseWatch(exec, { owner, now, leaseMs, leaseGraceMs }, options.leaseCheckMs ?? 1_000);
 
   const onWake = () => {
     readyCount++;
@@ -287,32 +222,20 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   options.wakeups?.addEventListener('wake', onWake);
 
   // One listener for the whole pass, not one per task.
-  const handBackAll = () => {
-    for (const { abort } of active.values()) abort.abort(new HandBackError());
-  };
+  const handBackAll = () => leases.handBackAll();
   options.abort?.addEventListener('abort', handBackAll, { once: true });
-
-  // ctx.heartbeat() of any task of this pass.
-  const heartbeat: Heartbeat = async (row, abort) => {
-    const lost = await exec.query<{ id: string }>(HEARTBEAT_SQL, [[row.id], owner, now, leaseMs, leaseGraceMs]);
-    if (lost.length > 0) abort.abort(new LeaseLostError(row.id));
-    return lost.length === 0;
-  };
 
   const start = (row: ClaimedTask) => {
     running++;
-    unsettled++;
-    const abort = new AttemptAbort();
+    const abort = leases.track(row.id);
     if (options.abort?.aborted) abort.abort(new HandBackError());
     const since = performance.now();
-    active.set(row.id, { abort, since });
-    void execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat }).then((outcome) => {
+    void execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat: leases.heartbeat }).then((outcome) => {
       const took = performance.now() - since;
       avgHandlerMs = avgHandlerMs === null ? took : avgHandlerMs * 0.8 + took * 0.2;
-      active.delete(row.id);
+      leases.untrack(row.id);
       running--;
-      queue.push(outcome);
-      void flush();
+      settler.push(outcome);
       fill();
       progress();
     });
@@ -321,11 +244,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // Claimed rows wait here for a free slot, in claim order.
   const buffer: { row: ClaimedTask; at: number }[] = [];
   const staleAfterMs = leaseGraceMs / 2;
-  const handBack = (row: ClaimedTask) => {
-    unsettled++;
-    queue.push({ id: row.id, runId: row.run_id, state: 'released' });
-    void flush();
-  };
+  const handBack = (row: ClaimedTask) => settler.push({ id: row.id, runId: row.run_id, state: 'released' });
   // Handler time, smoothed: how fast buffered tasks will get a slot.
   let avgHandlerMs: number | null = null;
   const bufferLimit = () => {
@@ -416,7 +335,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       // Everything finished, and nothing can have become ready through us
       // since the queue came back dry: done, without one more claim to find
       // it empty (new enqueues wake the next pass through their NOTIFY or nudge).
-      if (dry() && running === 0 && unsettled === 0 && buffer.length === 0) {
+      if (dry() && running === 0 && settler.unsettled === 0 && buffer.length === 0) {
         if (!background) break;
         await recovering;
         continue;
@@ -451,7 +370,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         // settle that may have made work ready, or a wake-up, unless one
         // came while this claim was in flight. With nothing left to wait
         // for, the top of the loop decides whether the pass is done.
-        const idle = running === 0 && unsettled === 0 && buffer.length === 0;
+        const idle = running === 0 && settler.unsettled === 0 && buffer.length === 0;
         if (idle || ((rows.length === room || !dry()) && running + buffer.length < capacity)) continue;
       }
       await nextProgress();
@@ -463,13 +382,12 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // Hand back what was claimed but not started; let what was started finish
   // (each handler is bounded by its timeout, which fits in the budget) and settle.
   for (const { row } of buffer.splice(0)) handBack(row);
-  while (running > 0 || unsettled > 0) {
+  while (running > 0 || settler.unsettled > 0) {
     await nextProgress();
   }
-  await flush();
+  await settler.flush();
   await recovering;
-  clearInterval(watcher);
-  await checking;
+  await leases.stop();
   options.abort?.removeEventListener('abort', handBackAll);
   options.wakeups?.removeEventListener('wake', onWake);
   report.durationMs = Math.round(performance.now() - started);

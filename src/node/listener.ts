@@ -1,0 +1,124 @@
+/**
+ * The worker's LISTEN connection: one node-postgres client outside the pool,
+ * LISTENing on `outlive`, whose notifications (one per committed enqueue, with
+ * the queue as payload) wake the worker's passes. Lost, it reconnects with
+ * exponential backoff and jitter while the worker polls meanwhile.
+ */
+import pg from 'pg';
+import { toError } from '../model/errors.js';
+
+/** What the listener needs from the worker that owns it. */
+export interface ListenerOptions {
+  /** The connection settings of the LISTEN client. */
+  config: () => pg.ClientConfig;
+  /** Only notifications of these queues wake it; all when undefined. */
+  queues?: readonly string[];
+  reconnectBaseMs: number;
+  reconnectMaxMs: number;
+  /** How often the worker polls while the listener is down, for the log line. */
+  pollIntervalMs: number;
+  log: { info(m: string): void; warn(m: string): void };
+  /** A notification for one of its queues arrived, or the connection came back: work may be ready. */
+  wake: () => void;
+  /** Counts what happened, into the worker's stats. */
+  count: (event: 'notifications' | 'disconnects' | 'reconnects') => void;
+}
+
+/** The LISTEN connection of one worker. */
+export class Listener {
+  private client: pg.Client | null = null;
+  private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
+  private running = false;
+
+  constructor(private readonly options: ListenerOptions) {}
+
+  /** Connects and LISTENs; rejects (leaving nothing open) when it cannot. */
+  async start(): Promise<void> {
+    this.running = true;
+    try {
+      await this.connect();
+    } catch (err) {
+      this.running = false;
+      throw err;
+    }
+  }
+
+  /** Closes the connection and stops reconnecting. */
+  async stop(): Promise<void> {
+    this.running = false;
+    clearTimeout(this.reconnectTimer);
+    const c = this.client;
+    this.client = null;
+    if (c) {
+      c.removeAllListeners('end');
+      c.removeAllListeners('error').on('error', () => undefined);
+      await c.end().catch(() => undefined);
+    }
+  }
+
+  private async connect(): Promise<void> {
+    const client = new pg.Client(this.options.config());
+    const { queues } = this.options;
+    client.on('notification', (msg) => {
+      this.options.count('notifications');
+      if (msg.channel !== 'outlive') return;
+      if (queues && msg.payload !== undefined && !queues.includes(msg.payload)) return;
+      this.options.wake();
+    });
+    client.on('error', (err) => this.lost(client, err));
+    client.on('end', () => this.lost(client, new Error('connection closed')));
+    try {
+      await client.connect();
+      await client.query('LISTEN outlive');
+    } catch (err) {
+      client.removeAllListeners('end');
+      // Keep an error listener: a late socket error must not crash the process.
+      client.removeAllListeners('error').on('error', () => undefined);
+      await client.end().catch(() => undefined);
+      throw err;
+    }
+    this.client = client;
+  }
+
+  private lost(client: pg.Client, err: Error): void {
+    // Only the current connection's loss matters; a closing or failed one's events are noise.
+    if (client !== this.client) return;
+    this.client = null;
+    client.removeAllListeners('end');
+    client.removeAllListeners('error').on('error', () => undefined);
+    void client.end().catch(() => undefined);
+    if (!this.running) return;
+    this.options.count('disconnects');
+    this.options.log.warn(`outlive worker: LISTEN connection lost (${err.message}); reconnecting, polling every ${this.options.pollIntervalMs} ms meanwhile`);
+    this.scheduleReconnect(0);
+  }
+
+  private scheduleReconnect(attempt: number): void {
+    if (!this.running) return;
+    const { reconnectBaseMs, reconnectMaxMs, log } = this.options;
+    // Exponential backoff with jitter, so many workers losing the server at
+    // once do not reconnect in lockstep.
+    const ceiling = Math.min(reconnectMaxMs, reconnectBaseMs * 2 ** Math.min(attempt, 20));
+    const delay = Math.round(ceiling / 2 + (Math.random() * ceiling) / 2);
+    this.reconnectTimer = setTimeout(() => {
+      this.connect().then(
+        () => {
+          if (!this.running) {
+            void this.stop();
+            return;
+          }
+          this.options.count('reconnects');
+          log.info(`outlive worker: LISTEN connection re-established after ${attempt + 1} attempt(s)`);
+          // Anything enqueued while nobody listened gets a pass now.
+          this.options.wake();
+        },
+        (err: unknown) => {
+          if (!this.running) return;
+          const next = Math.min(reconnectMaxMs, reconnectBaseMs * 2 ** Math.min(attempt + 1, 20));
+          log.warn(`outlive worker: reconnecting the LISTEN connection failed (${toError(err).message}); retrying in about ${next} ms`);
+          this.scheduleReconnect(attempt + 1);
+        },
+      );
+    }, delay);
+  }
+}

@@ -1,0 +1,79 @@
+/**
+ * The settler of one pass: batches outcomes into settles. While one settle
+ * statement is in flight, the outcomes of handlers that finish meanwhile
+ * wait, and go together in the next: under load that folds many settles
+ * into one round trip and one commit (see docs/benchmarks.md).
+ */
+import type { PoolLike } from '../db/executor.js';
+import type { Outcome } from './execute.js';
+import { settle, SettleIncompleteError, type SettledRow } from './settle.js';
+
+/** What one settle of a batch did. */
+export interface SettledBatch {
+  /** The rows it changed. */
+  rows: SettledRow[];
+  /** How many outcomes it was given. */
+  size: number;
+  /** Outcomes not written (a lock meeting that never cleared): their rows keep their leases. */
+  kept: number;
+}
+
+/** Batches the outcomes of one pass into settles under its lease. */
+export class Settler {
+  private readonly queue: Outcome[] = [];
+  private flushing: Promise<void> | null = null;
+  private waiting = 0;
+
+  constructor(
+    private readonly pool: PoolLike,
+    private readonly owner: string,
+    private readonly now: Date | null,
+    /** Called after each batch, with what landed. */
+    private readonly settled: (batch: SettledBatch) => void,
+    /** Called with a database error; the batch's rows keep their leases for recovery. */
+    private readonly failed: (err: unknown) => void,
+  ) {}
+
+  /** Outcomes pushed and not yet through a settle. */
+  get unsettled(): number {
+    return this.waiting;
+  }
+
+  /** Queues an outcome; it is settled with whatever else is queued when the settle in flight ends. */
+  push(outcome: Outcome): void {
+    this.queue.push(outcome);
+    this.waiting++;
+    void this.flush();
+  }
+
+  /** Settles everything queued; resolves when no settle is in flight. */
+  flush(): Promise<void> {
+    if (this.flushing) return this.flushing;
+    this.flushing = (async () => {
+      while (this.queue.length > 0) {
+        const batch = this.queue.splice(0, this.queue.length);
+        try {
+          let rows: SettledRow[];
+          let kept = 0;
+          try {
+            rows = await settle(this.pool, this.owner, batch, this.now);
+          } catch (err) {
+            // What landed is counted; the rest keep their leases for recovery.
+            if (!(err instanceof SettleIncompleteError)) throw err;
+            this.failed(err.cause ?? err);
+            rows = err.rows;
+            kept = err.kept;
+          }
+          this.waiting -= batch.length;
+          this.settled({ rows, size: batch.length, kept });
+        } catch (err) {
+          this.waiting -= batch.length;
+          this.failed(err);
+          this.settled({ rows: [], size: batch.length, kept: batch.length });
+        }
+      }
+      this.flushing = null;
+    })();
+    return this.flushing;
+  }
+}

@@ -1,0 +1,93 @@
+/**
+ * The parts a pass is made of, each on its own: the lease watch and the
+ * settler. (The claim loop that joins them is tick.ts, tested in tick.test.ts
+ * and through every pass of the suite.)
+ */
+import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { defineTask } from '../src/model/task.js';
+import { enqueue } from '../src/write/enqueue.js';
+import { claim, type ClaimedTask } from '../src/pass/claim.js';
+import { toExecutor, type PoolLike } from '../src/db/executor.js';
+import { LeaseLostError, LeaseWatch } from '../src/pass/lease-watch.js';
+import { Settler, type SettledBatch } from '../src/pass/settler.js';
+import { freshDb } from './support/db.js';
+
+const db = await freshDb();
+const noop = defineTask({ name: 'part.noop', input: z.object({ n: z.number() }), run: () => null });
+const lease = { owner: 'parts', now: null, leaseMs: 30_000, leaseGraceMs: 1_000 };
+
+async function claimed(n: number, owner = lease.owner): Promise<ClaimedTask[]> {
+  for (let i = 0; i < n; i++) await enqueue(db.pool, noop, { n: i });
+  return claim(toExecutor(db.pool), { owner, limit: n, maxTimeoutMs: 60_000, queues: null, names: [noop.name], leaseGraceMs: 1_000, leaseMs: 30_000, now: null });
+}
+
+/** A pool that counts the statements sent through it, by their first words. */
+function counting(): { pool: PoolLike; sent: string[] } {
+  const sent: string[] = [];
+  const pool = {
+    query: (...args: unknown[]) => {
+      const text = typeof args[0] === 'string' ? args[0] : (args[0] as { text: string }).text;
+      sent.push(text.trim().split(/\s+/).slice(0, 3).join(' '));
+      return (db.pool.query as (...a: unknown[]) => Promise<unknown>)(...args);
+    },
+    connect: () => db.pool.connect(),
+  } as unknown as PoolLike;
+  return { pool, sent };
+}
+
+describe('the lease watch', () => {
+  it('looks only at tasks running longer than one interval, and aborts the handler of a row it lost', async () => {
+    const [a, b] = await claimed(2);
+    const { pool, sent } = counting();
+    const watch = new LeaseWatch(toExecutor(pool), lease, 60_000);
+    try {
+      const abortA = watch.track(a!.id);
+      await watch.check();
+      // a started less than an interval ago: nothing to extend, nothing sent.
+      expect(sent).toEqual([]);
+      // With an interval of 1 ms, both are old enough by the next check.
+      const short = new LeaseWatch(toExecutor(pool), lease, 1);
+      const abortB = short.track(b!.id);
+      short.track(a!.id, abortA);
+      await new Promise((r) => setTimeout(r, 5));
+      await db.pool.query(`UPDATE outlive.tasks SET state = 'cancelled', lease_owner = NULL WHERE id = $1`, [b!.id]);
+      // a's lease nearly spent: the check extends it to its timeout (15 s) plus the grace.
+      await db.pool.query(`UPDATE outlive.tasks SET lease_expires_at = now() + interval '1 second' WHERE id = $1`, [a!.id]);
+      await short.check();
+      await short.stop();
+      expect(abortB.aborted).toBe(true);
+      expect(abortB.reason).toBeInstanceOf(LeaseLostError);
+      expect(abortA.aborted).toBe(false);
+      const [row] = await db.rows<{ later: boolean }>(`SELECT lease_expires_at > now() + interval '10 seconds' AS later FROM outlive.tasks WHERE id = $1`, [a!.id]);
+      expect(row!.later).toBe(true);
+    } finally {
+      await watch.stop();
+    }
+  });
+});
+
+describe('the settler', () => {
+  it('settles what finished while a settle was in flight in one batch, and counts what landed', async () => {
+    const rows = await claimed(5, 'settler');
+    const batches: SettledBatch[] = [];
+    const errors: unknown[] = [];
+    const settler = new Settler(db.pool, 'settler', null, (b) => batches.push(b), (e) => errors.push(e));
+    for (const r of rows) settler.push({ id: r.id, runId: null, state: 'succeeded', output: null });
+    expect(settler.unsettled).toBe(5);
+    await settler.flush();
+    expect(settler.unsettled).toBe(0);
+    // The first settles alone; the four pushed while it was in flight go together.
+    expect(batches.map((b) => [b.size, b.rows.length, b.kept])).toEqual([[1, 1, 0], [4, 4, 0]]);
+    expect(errors).toEqual([]);
+  });
+
+  it('reports a lost lease as an outcome that matched no row', async () => {
+    const [r] = await claimed(1, 'settler-lost');
+    const batches: SettledBatch[] = [];
+    const settler = new Settler(db.pool, 'someone-else', null, (b) => batches.push(b), () => undefined);
+    settler.push({ id: r!.id, runId: null, state: 'succeeded', output: null });
+    await settler.flush();
+    expect(batches).toEqual([{ rows: [], size: 1, kept: 0 }]);
+  });
+});
