@@ -5,6 +5,7 @@
  * exponential backoff and jitter while the worker polls meanwhile.
  */
 import pg from 'pg';
+import { backoffDelay, type BackoffOptions } from '../model/backoff.js';
 import { toError } from '../model/errors.js';
 
 /** What the listener needs from the worker that owns it. */
@@ -30,7 +31,11 @@ export class Listener {
   private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
   private running = false;
 
-  constructor(private readonly options: ListenerOptions) {}
+  private readonly backoff: BackoffOptions;
+
+  constructor(private readonly options: ListenerOptions) {
+    this.backoff = { baseMs: options.reconnectBaseMs, maxMs: options.reconnectMaxMs, factor: 2 };
+  }
 
   /** Connects and LISTENs; rejects (leaving nothing open) when it cannot. */
   async start(): Promise<void> {
@@ -95,11 +100,10 @@ export class Listener {
 
   private scheduleReconnect(attempt: number): void {
     if (!this.running) return;
-    const { reconnectBaseMs, reconnectMaxMs, log } = this.options;
-    // Exponential backoff with jitter, so many workers losing the server at
-    // once do not reconnect in lockstep.
-    const ceiling = Math.min(reconnectMaxMs, reconnectBaseMs * 2 ** Math.min(attempt, 20));
-    const delay = Math.round(ceiling / 2 + (Math.random() * ceiling) / 2);
+    const { log } = this.options;
+    // Exponential backoff with equal jitter (the tasks' own rule), so many
+    // workers losing the server at once do not reconnect in lockstep.
+    const delay = Math.round(backoffDelay(this.backoff, attempt + 1));
     this.reconnectTimer = setTimeout(() => {
       this.connect().then(
         () => {
@@ -114,7 +118,7 @@ export class Listener {
         },
         (err: unknown) => {
           if (!this.running) return;
-          const next = Math.min(reconnectMaxMs, reconnectBaseMs * 2 ** Math.min(attempt + 1, 20));
+          const next = backoffDelay({ ...this.backoff, jitter: 'none' }, attempt + 2);
           log.warn(`outlive worker: reconnecting the LISTEN connection failed (${toError(err).message}); retrying in about ${next} ms`);
           this.scheduleReconnect(attempt + 1);
         },
