@@ -6,7 +6,7 @@ import { migrate as drizzleMigrate } from 'drizzle-orm/node-postgres/migrator';
 import pg from 'pg';
 import { describe, expect, inject, it } from 'vitest';
 import { migrate } from '../src/node/index.js';
-import { MIGRATIONS_FOLDER } from '../src/node/migrate.js';
+import { MIGRATION_LOCK, MIGRATIONS_FOLDER } from '../src/node/migrate.js';
 
 /** Applies the migrations up to and including `last` (a journal tag's number), as an older outlive would have. */
 async function migrateUpTo(client: pg.Client, last: number): Promise<void> {
@@ -147,6 +147,33 @@ describe('migrate', () => {
       expect(rows).toEqual(ours.map((m) => ({ hash: m.hash, created_at: m.when })));
     } finally {
       await c.end();
+      await drop();
+    }
+  });
+
+  // Through a transaction pooler the session lock of 0000-0010's migrate()
+  // and its unlock could land on different server connections, leaving the
+  // lock held by a pooled backend, and every later migrate waited forever.
+  it('takes a lock that ends with its transaction, and says what to do instead of waiting forever for one held elsewhere', async () => {
+    const { url, drop } = await emptyDatabase();
+    const holder = new pg.Client({ connectionString: url });
+    await holder.connect();
+    try {
+      await migrate(url);
+      // The lock of migrate() is gone with its transaction: no advisory lock is left on the server.
+      const left = await holder.query(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory'`);
+      expect(left.rows[0].n).toBe(0);
+      // A session holding the migration lock (as a leaked one would).
+      await holder.query('SELECT pg_advisory_lock($1)', [MIGRATION_LOCK]);
+      const started = Date.now();
+      await expect(migrate(url, { lockTimeoutMs: 300 })).rejects.toThrow(
+        /could not take the migration lock within 300 ms: .*another migrate is running, or a session holds the lock \(pid \d+\)/,
+      );
+      expect(Date.now() - started).toBeLessThan(5_000);
+      await holder.query('SELECT pg_advisory_unlock($1)', [MIGRATION_LOCK]);
+      await migrate(url, { lockTimeoutMs: 300 });
+    } finally {
+      await holder.end();
       await drop();
     }
   });

@@ -6,7 +6,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { defineTask, explainRun, startRun, step, tick, type AnyTask } from '../src/index.js';
+import { defineTask, explainRun, NonRetriableError, startRun, step, tick, type AnyTask } from '../src/index.js';
 import { insertSpawns } from '../src/pass/run-effects.js';
 import { prepareStep } from '../src/model/step.js';
 import { inTransaction, toExecutor } from '../src/db/executor.js';
@@ -137,5 +137,48 @@ describe('a spawn waiting for steps already in the run', () => {
     await passB;
     await drain([blocker, leaf]);
     expect(await rowOf(run.id, 'z')).toEqual({ state: 'succeeded', waiting_on: 0 });
+  });
+
+  // The skip of a failure's downstream is one statement too: its snapshot may
+  // predate a spawn onto a step it is about to skip, committed while the
+  // statement waited for that step's lock. The new row then waited for a
+  // skipped step forever, and its run never finished (property seed 868806230).
+  it('a spawn onto a step that a failure elsewhere skips while the spawn holds its lock is skipped too, and the run finishes', async () => {
+    await clear();
+    let finish!: () => void;
+    const held = new Promise<void>((resolve) => (finish = resolve));
+    const breaks = defineTask({ name: 'breaks', input: z.object({}), retry: { maxAttempts: 1 }, run: async () => {
+      await held;
+      throw new NonRetriableError('broke');
+    } });
+    const run = await startRun(db.pool, 'skip-race', {
+      f: step(breaks, {}),
+      d: step(leaf, { label: 'd' }, { after: ['f'] }),
+      s: step(leaf, { label: 's' }),
+    });
+    const ids = Object.fromEntries((await db.rows<{ id: string; step: string }>(`SELECT id::text, step FROM outlive.tasks WHERE run_id = $1`, [run.id])).map((r) => [r.step, r.id]));
+    const passA = tick(db.pool, { tasks: [breaks], concurrency: 1 });
+    for (let i = 0; (await rowOf(run.id, 'f'))!.state !== 'running'; i++) {
+      if (i > 200) throw new Error('f never started');
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    await inTransaction(db.pool, async (tx) => {
+      // As a settle of s spawning z after d writes it, holding d's lock.
+      const unfinished = await insertSpawns(tx, run.id, ids.s!, [prepareStep('test', 'z', step(leaf, { label: 'z' }, { after: ['d'] }))], null);
+      await tx.query(`UPDATE outlive.runs SET unfinished = unfinished + $2 WHERE id = $1`, [run.id, unfinished]);
+      finish();
+      for (let i = 0; ; i++) {
+        const [w] = await toExecutor(db.pool).query<{ n: number }>(
+          `SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%RECURSIVE down%'`,
+        );
+        if (w!.n > 0) break;
+        if (i > 300) throw new Error('the skip of d never waited for the lock');
+        await new Promise((r) => setTimeout(r, 10));
+      }
+    });
+    await passA;
+    await drain([breaks, leaf]);
+    expect(await rowOf(run.id, 'z')).toMatchObject({ state: 'skipped' });
+    expect(await runOf(run.id)).toEqual({ state: 'failed', unfinished: 0 });
   });
 });

@@ -5,6 +5,7 @@ import { z } from 'zod';
 import { defineSchedule, defineTask, enqueue, type TickReport } from '../src/index.js';
 import { createWorker, type Worker, type WorkerLogger } from '../src/node/index.js';
 import { freshDb, type TestDb } from './support/db.js';
+import { startPoolerLikeProxy } from './support/pooler-like-proxy.js';
 import { createFixtureTables } from './fixtures/worker-tasks.js';
 
 const db = await freshDb();
@@ -190,6 +191,48 @@ function memoryLog(): WorkerLogger & { lines: string[]; waitFor(re: RegExp): Pro
 describe('the worker in this process (createWorker)', () => {
   const workers: Worker[] = [];
   afterAll(() => Promise.all(workers.map((w) => w.stop({ graceMs: 0 }))));
+
+  // Through a transaction pooler LISTEN is accepted and no notification ever
+  // arrives: the worker used to log "listening" and start tasks only by polling.
+  it('proves its LISTEN connection receives, and through one that cannot, warns once with the fix and polls', async () => {
+    const own = await freshDb();
+    const target = new URL(own.url);
+    const pooler = await startPoolerLikeProxy(target.hostname, Number(target.port || 5432));
+    try {
+      const log = memoryLog();
+      const worker = createWorker({ connectionString: pooler.url(own.url), tasks: [ownRecord], pollIntervalMs: 300, retention: false, logger: log });
+      workers.push(worker);
+      await worker.start();
+      expect(log.lines.filter((l) => /did not receive the notification it sent itself/.test(l))).toEqual([
+        expect.stringMatching(/transaction pooler .*\(listenConnectionString\)\. Polling every 300 ms\./),
+      ]);
+      expect(log.lines.find((l) => /started/.test(l))).toMatch(/started \(LISTEN receives nothing here, polling every 300 ms/);
+      expect(pooler.dropped).toBeGreaterThan(0);
+      await enqueueCommittedOwn(own, 'by-polling');
+      await until(() => effectOwn(own, 'by-polling'));
+      await worker.stop();
+
+      // With a direct connection for its listener, the same worker is woken by the enqueue.
+      const direct = memoryLog();
+      const woken = createWorker({
+        connectionString: pooler.url(own.url),
+        listenConnectionString: own.url,
+        tasks: [ownRecord],
+        pollIntervalMs: 600_000,
+        retention: false,
+        logger: direct,
+      });
+      workers.push(woken);
+      await woken.start();
+      expect(direct.lines.some((l) => /did not receive/.test(l))).toBe(false);
+      expect(direct.lines.find((l) => /started/.test(l))).toMatch(/listening on "outlive"/);
+      await enqueueCommittedOwn(own, 'by-notification');
+      await until(() => effectOwn(own, 'by-notification'));
+      await woken.stop();
+    } finally {
+      await pooler.close();
+    }
+  });
 
   it('reconnects when the server kills its LISTEN connection, and runs what was enqueued meanwhile', async () => {
     const own = await freshDb();

@@ -23,11 +23,19 @@ export interface ListenerOptions {
   wake: () => void;
   /** Counts what happened, into the worker's stats. */
   count: (event: 'notifications' | 'disconnects' | 'reconnects') => void;
+  /** How long the connection may take to receive the NOTIFY it sends itself after LISTEN. Default 2,000 ms. */
+  probeMs?: number;
 }
+
+/** The channel a new LISTEN connection proves itself on. */
+const PROBE_CHANNEL = 'outlive_probe';
 
 /** The LISTEN connection of one worker. */
 export class Listener {
   private client: pg.Client | null = null;
+  private warned = false;
+  /** False once a connection failed to receive its own probe: notifications do not reach it. */
+  receives = true;
   private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
   private running = false;
 
@@ -64,7 +72,9 @@ export class Listener {
   private async connect(): Promise<void> {
     const client = new pg.Client(this.options.config());
     const { queues } = this.options;
+    let probed: ((payload: string | undefined) => void) | null = null;
     client.on('notification', (msg) => {
+      if (msg.channel === PROBE_CHANNEL) return probed?.(msg.payload);
       this.options.count('notifications');
       if (msg.channel !== 'outlive') return;
       if (queues && msg.payload !== undefined && !queues.includes(msg.payload)) return;
@@ -74,7 +84,33 @@ export class Listener {
     client.on('end', () => this.lost(client, new Error('connection closed')));
     try {
       await client.connect();
+      // Prove that notifications reach this connection: through a
+      // transaction pooler (PgBouncer in transaction mode, a provider's
+      // pooled URL) LISTEN is accepted and nothing ever arrives. Before
+      // LISTEN outlive, so that no wake-up arrives while the probe runs.
+      const nonce = globalThis.crypto.randomUUID();
+      const arrived = new Promise<boolean>((resolve) => {
+        const timer = setTimeout(() => resolve(false), this.options.probeMs ?? 2_000);
+        probed = (payload) => {
+          if (payload !== nonce) return;
+          clearTimeout(timer);
+          resolve(true);
+        };
+      });
+      await client.query(`LISTEN ${PROBE_CHANNEL}`);
+      await client.query('SELECT pg_notify($1, $2)', [PROBE_CHANNEL, nonce]);
+      this.receives = await arrived;
+      probed = null;
+      await client.query(`UNLISTEN ${PROBE_CHANNEL}`);
       await client.query('LISTEN outlive');
+      if (!this.receives && !this.warned) {
+        this.warned = true;
+        this.options.log.warn(
+          `outlive worker: the LISTEN connection did not receive the notification it sent itself within ${this.options.probeMs ?? 2_000} ms, ` +
+            'so enqueues cannot wake this worker: a transaction pooler (PgBouncer in transaction mode, a pooled connection string) does not ' +
+            `deliver LISTEN/NOTIFY. Give the worker a direct connection string for its listener (listenConnectionString). Polling every ${this.options.pollIntervalMs} ms.`,
+        );
+      }
     } catch (err) {
       client.removeAllListeners('end');
       // Keep an error listener: a late socket error must not crash the process.

@@ -53,6 +53,12 @@ export interface WorkerOptions {
   budgetMs?: number;
   /** LISTEN for wake-ups. Default true; false leaves polling alone. */
   listen?: boolean;
+  /**
+   * A direct connection string for the LISTEN connection, when
+   * `connectionString` or `pool` goes through a transaction pooler (which
+   * does not deliver notifications). Default: the pool's own settings.
+   */
+  listenConnectionString?: string;
   /** application_name of the LISTEN connection, to find it in pg_stat_activity. Default "outlive-listener". */
   applicationName?: string;
   /** Reconnect backoff of the LISTEN connection. Default from 100 ms, doubling, up to 30 s. */
@@ -233,7 +239,11 @@ export function createWorker(options: WorkerOptions): Worker {
   let graceEndsAt = Infinity;
 
   const listenerConfig = (): pg.ClientConfig => ({
-    ...(options.connectionString ? { connectionString: options.connectionString } : (pool!.options as pg.ClientConfig)),
+    ...(options.listenConnectionString
+      ? { connectionString: options.listenConnectionString }
+      : options.connectionString
+        ? { connectionString: options.connectionString }
+        : (pool!.options as pg.ClientConfig)),
     application_name: applicationName,
     // A connection that dies silently (a NAT dropping it) is noticed by TCP
     // keepalive instead of waiting forever for notifications that never come.
@@ -399,8 +409,9 @@ export function createWorker(options: WorkerOptions): Worker {
       if (err instanceof ConfigError) throw err;
       throw new ConfigError(`outlive: the worker cannot connect to the database: ${toError(err).message}`, { cause: err });
     }
+    const hearing = !listener ? '' : listener.receives ? 'listening on "outlive", ' : 'LISTEN receives nothing here, ';
     log.info(
-      `outlive worker: started (${listen ? 'listening on "outlive", ' : ''}polling every ${pollIntervalMs} ms, concurrency ${concurrency}, ` +
+      `outlive worker: started (${hearing}polling every ${pollIntervalMs} ms, concurrency ${concurrency}, ` +
         `${registry.size} task(s), ${schedules.length} schedule(s))`,
     );
     wake();

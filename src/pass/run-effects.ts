@@ -250,9 +250,18 @@ export async function applyRunEffects(
   for (const row of rows) {
     if (!row.run_id || row.state !== 'failed') continue;
     const label = row.step ? `step "${row.step}" (task ${row.id})` : `task ${row.id}`;
-    const skipped = await db.query(SKIP_SQL, [row.id, now, `not run: upstream ${label} failed`]);
+    // Again until it finds nothing new: a statement that waited for a step's
+    // lock (held by a spawn onto that step) read the edges as they were
+    // before the spawn committed, and the next one, with a fresh snapshot,
+    // finds the spawned rows below the step it skipped.
+    let skipped = 0;
+    for (;;) {
+      const more = await db.query(SKIP_SQL, [row.id, now, `not run: upstream ${label} failed`]);
+      if (more.length === 0) break;
+      skipped += more.length;
+    }
     const run = runOf(row.run_id);
-    run.delta -= skipped.length;
+    run.delta -= skipped;
     if (!run.failedTask) {
       run.failedTask = row.id;
       run.error = `${label} failed`;
