@@ -10,7 +10,7 @@ import { drizzle as drizzlePg } from 'drizzle-orm/node-postgres';
 import { pgTable, text, uuid } from 'drizzle-orm/pg-core';
 import { afterAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { batchEnqueue, enqueuedFrom, enqueueSql } from '../../src/write/batch.js';
+import { batchEnqueue, enqueuedFrom } from '../../src/write/batch.js';
 import { InvalidEnqueueError } from '../../src/model/errors.js';
 import { defineTask } from '../../src/model/task.js';
 import { tick } from '../../src/pass/tick.js';
@@ -120,7 +120,7 @@ describe('batchEnqueue in a neon-http db.batch', () => {
   });
 });
 
-describe('enqueueSql in other drivers', () => {
+describe('batchEnqueue in other drivers', () => {
   it('is the same statement in a node-postgres drizzle transaction, rolled back with it', async () => {
     const pgDb = drizzlePg(db.pool);
     const id = crypto.randomUUID();
