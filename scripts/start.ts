@@ -126,7 +126,7 @@ async function main() {
     say(`cron tick every ${CRON_SECONDS}s`);
     console.log('');
     console.log(`  Dashboard: ${dashboard}`);
-    console.log(`  CLI:       DATABASE_URL=${server.embedded ? server.url : '$DATABASE_URL'} node --import tsx bin/outlive.js run ${run.id}`);
+    console.log(`  CLI:       DATABASE_URL=${server.embedded ? server.url : '$DATABASE_URL'} npx outlive run ${run.id}`);
     console.log('');
     say('running; Ctrl-C to stop');
   } catch (err) {
