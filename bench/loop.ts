@@ -1,5 +1,5 @@
 /**
- * `npx tsx loop.ts [--clients K] [--batch B] [--tasks N] [--others M] [--rounds R] [--settle keep|drop|history] [--names K] [--unknown U]`
+ * `npx tsx loop.ts [--clients K] [--batch B] [--tasks N] [--others M] [--rounds R] [--settle keep|drop|history] [--names K] [--unknown U] [--statements named|unnamed] [--pooler]`
  *
  * A closer look than the harness's phases: K connections run outlive's claim
  * and settle statements (outlive.claim, SUCCEED_SQL) back to back over N pending
@@ -16,7 +16,11 @@
  * the least. `--names K` claims as a pass given K task names would (the
  * tasks' own and K-1 others); `--unknown U` puts U ready rows of a name no
  * pass knows ahead of the others in claim order, as a rolling deploy would
- * leave them, so every claim reads past them. Prints, per round: tasks/s,
+ * leave them, so every claim reads past them. `--statements unnamed` sends
+ * the claim and the settle unnamed, as a pass does once it learned that its
+ * path keeps no prepared statements; `--pooler` runs through a PgBouncer in
+ * transaction mode (Debian's, started here; one client only, so its
+ * backend, whose CPU is read, stays the same). Prints, per round: tasks/s,
  * Postgres CPU per 1,000 tasks split into claim and settle, and index entries
  * read per claim and per settle (pg_stat_user_indexes).
  *
@@ -29,10 +33,11 @@ import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import pg from 'pg';
 import { claim } from '../src/pass/claim.ts';
-import { toExecutor } from '../src/db/executor.ts';
+import { toExecutor, type Executor } from '../src/db/executor.ts';
 import { migrate } from '../src/node/migrate.ts';
 import { DROP_SQL, SUCCEED_SQL } from '../src/pass/settle.ts';
 import { Admin, urlFor } from './lib/postgres.ts';
+import { startPgBouncer } from '../test/support/pgbouncer.ts';
 
 const { values } = parseArgs({
   options: {
@@ -44,6 +49,8 @@ const { values } = parseArgs({
     settle: { type: 'string', default: 'keep' },
     names: { type: 'string', default: '1' },
     unknown: { type: 'string', default: '0' },
+    statements: { type: 'string', default: 'named' },
+    pooler: { type: 'boolean', default: false },
   },
 });
 const clients = Number(values.clients);
@@ -57,6 +64,9 @@ const unknown = Number(values.unknown);
 if (settleMode !== 'keep' && settleMode !== 'drop' && settleMode !== 'history') {
   throw new Error(`--settle is keep, drop or history, not ${settleMode}`);
 }
+const unnamed = values.statements === 'unnamed';
+if (!unnamed && values.statements !== 'named') throw new Error(`--statements is named or unnamed, not ${values.statements}`);
+if (values.pooler && clients !== 1) throw new Error('--pooler measures one client: its backend is the one whose CPU is read');
 
 // The history design: the row leaves outlive.tasks under DROP_SQL's
 // compare-and-set and its finished form goes to a table with only a primary
@@ -78,6 +88,7 @@ RETURNING id::text`;
 const TEMPLATE = 'bench_loop_tpl';
 const DB = 'bench_loop';
 const admin = await Admin.connect();
+const pooler = values.pooler ? await startPgBouncer(urlFor(DB)) : null;
 await admin.recreate(TEMPLATE);
 await migrate(urlFor(TEMPLATE));
 if (settleMode === 'history') {
@@ -116,7 +127,7 @@ for (let round = 1; round <= rounds; round++) {
 
   const conns = await Promise.all(
     Array.from({ length: clients }, async () => {
-      const client = new pg.Client({ connectionString: url });
+      const client = new pg.Client({ connectionString: pooler ? pooler.pooled(url) : url });
       await client.connect();
       const { rows } = await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
       return { client, pid: rows[0]!.pid };
@@ -131,10 +142,11 @@ for (let round = 1; round <= rounds; round++) {
   await Promise.all(
     conns.map(async ({ client, pid }, k) => {
       const owner = `loop:${k}`;
-      const exec = toExecutor(client);
+      const named = toExecutor(client);
+      const exec: Executor = unnamed ? { query: (text, params) => named.query(text, params) } : named;
       for (;;) {
         let before = cpuNs(pid);
-        // As the worker sends it: a prepared call of outlive.claim.
+        // As the worker sends it: a prepared call of outlive.claim (or unnamed).
         const rows = await claim(exec, { owner, limit: batch, maxTimeoutMs: 30_000, queues: null, names, leaseGraceMs: 5_000, leaseMs: 30_000, now: null });
         claimNs += cpuNs(pid) - before;
         claims++;
@@ -143,9 +155,9 @@ for (let round = 1; round <= rounds; round++) {
         const ids = rows.map((r) => r.id);
         const done =
           settleMode === 'drop'
-            ? await client.query({ name: 'drop', text: DROP_SQL, values: [ids, owner] })
+            ? await client.query({ ...(unnamed ? {} : { name: 'drop' }), text: DROP_SQL, values: [ids, owner] })
             : await client.query({
-                name: settleMode,
+                ...(unnamed ? {} : { name: settleMode }),
                 text: settleMode === 'history' ? HISTORY_SQL : SUCCEED_SQL,
                 values: [null, ids, ids.map(() => null), owner],
               });
@@ -156,7 +168,11 @@ for (let round = 1; round <= rounds; round++) {
     }),
   );
   const seconds = (performance.now() - started) / 1000;
-  for (const { client } of conns) await client.end();
+  for (const { client, pid } of conns) {
+    const { rows } = await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+    if (rows[0]!.pid !== pid) throw new Error(`round ${round}: the pooler moved the client to another backend; its CPU was not all read`);
+    await client.end();
+  }
 
   // Statistics reach the views within a second of the backends going idle.
   await new Promise((r) => setTimeout(r, 1_000));
@@ -175,12 +191,13 @@ for (let round = 1; round <= rounds; round++) {
   }
   const perK = (ns: number) => ((ns / 1e6) * 1000) / tasks;
   console.log(
-    `round ${round}: ${clients} client(s), batches of ${batch}, ${others} other running rows, ${names.length} name(s) claimed, ${unknown} unknown ready ahead, successes ${{ keep: 'kept', drop: 'deleted', history: 'moved to a history table' }[settleMode]}: ` +
+    `round ${round}: ${pooler ? 'through PgBouncer, ' : ''}${unnamed ? 'unnamed' : 'named'} statements, ${clients} client(s), batches of ${batch}, ${others} other running rows, ${names.length} name(s) claimed, ${unknown} unknown ready ahead, successes ${{ keep: 'kept', drop: 'deleted', history: 'moved to a history table' }[settleMode]}: ` +
       `${Math.round(tasks / seconds).toLocaleString('en-US')} tasks/s; Postgres CPU per 1,000 tasks ` +
       `claim ${perK(claimNs).toFixed(1)} + settle ${perK(settleNs).toFixed(1)} = ${perK(claimNs + settleNs).toFixed(1)} ms; ` +
       `index entries read per claim and settle: ${indexes.map((i) => `${i.index} ${Math.round(i.read / (i.index === 'tasks_claim_idx' ? claims : settles))}`).join(', ')}`,
   );
 }
+await pooler?.stop();
 await admin.drop(DB);
 await admin.drop(TEMPLATE);
 await admin.close();

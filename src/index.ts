@@ -39,6 +39,7 @@ export type { BatchingDatabase } from './write/batch.js';
 export { neonPool } from './db/neon.js';
 export type { NeonPoolOptions } from './db/neon.js';
 export type { Transactional, Database } from './db/executor.js';
+export type { PreparedStatements } from './db/statements.js';
 
 // Passes: claim, run, settle, recover.
 export { tick, PassError, LeaseLostError } from './pass/tick.js';

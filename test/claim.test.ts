@@ -3,7 +3,8 @@ import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineTask, enqueue, enqueueMany, tick } from '../src/index.js';
 import { claim } from '../src/pass/claim.js';
-import { toExecutor } from '../src/db/executor.js';
+import { toExecutor, type Executor } from '../src/db/executor.js';
+import { withPreparedStatements } from '../src/db/statements.js';
 import { freshDb } from './support/db.js';
 import { countByState, createEffects, recordingTask } from './support/tasks.js';
 
@@ -17,11 +18,15 @@ describe('claim', () => {
   // table joined to the claimed rows by comparing every pair (~1 s a claim
   // of 500 among 20,000). The claim is prepared again since migration 0009,
   // as a call of outlive.claim, whose generic plan must be the index plan
-  // even when made on an empty table.
-  it('claims a burst that follows an idle spell by index, not by scanning the table once per row', async () => {
+  // even when made on an empty table. Sent unnamed (through a transaction
+  // pooler that keeps no prepared statements), the call is parsed each time
+  // but the function's own plan is still cached per session, and generic.
+  it.each(['named', 'unnamed'])('claims a burst that follows an idle spell by index, not by scanning the table once per row (%s)', async (mode) => {
     const fresh = await freshDb();
-    const client = await fresh.pool.connect();
-    const exec = toExecutor(client);
+    // One session throughout: the plan cached in it is what this checks.
+    const client = await fresh.direct.connect();
+    const named = toExecutor(client);
+    const exec: Executor = mode === 'named' ? named : { query: (text, params) => named.query(text, params) };
     const request = { owner: 'pass', maxTimeoutMs: 60_000, queues: null, names: ['idle', 'burst'], leaseGraceMs: 1_000, leaseMs: 30_000, now: null };
     const seqRead = async () => {
       // Statistics reach the view when the claiming backend next goes idle.
@@ -78,7 +83,7 @@ describe('claim', () => {
     );
     const claims = await Promise.all(
       Array.from({ length: 9 }, (_, k) =>
-        claim(toExecutor(db.pool), { owner: `c${k}`, limit: 10, maxTimeoutMs: 60_000, queues: null, names: ['noop'], leaseGraceMs: 1000, leaseMs: 30_000, now: null }),
+        claim(toExecutor(withPreparedStatements(db.pool)), { owner: `c${k}`, limit: 10, maxTimeoutMs: 60_000, queues: null, names: ['noop'], leaseGraceMs: 1000, leaseMs: 30_000, now: null }),
       ),
     );
     await holder.query('ROLLBACK');
@@ -124,7 +129,7 @@ describe('claim', () => {
     await db.pool.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) SELECT 'todo', '{}', 1, 1000 FROM generate_series(1, 5)`);
     await db.pool.query('ANALYZE outlive.tasks');
     const { CLAIM_SQL } = await import('../src/pass/claim.js');
-    const client = await db.pool.connect();
+    const client = await db.direct.connect();
     try {
       await client.query('BEGIN');
       const plan = (await client.query(`EXPLAIN ${CLAIM_SQL}`, [null, 60_000, null, 10, 'explain', 1000, 30_000, ['todo']])).rows

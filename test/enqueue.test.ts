@@ -59,7 +59,8 @@ describe('enqueue', () => {
 
   it('leaves no row behind when the transaction rolls back, and wakes nobody', async () => {
     await clear();
-    const listener = new pg.Client({ connectionString: db.url });
+    // LISTEN needs a session of its own, which no transaction pooler gives.
+    const listener = new pg.Client({ connectionString: db.directUrl });
     await listener.connect();
     const heard: string[] = [];
     listener.on('notification', (n) => heard.push(n.payload ?? ''));
@@ -74,7 +75,8 @@ describe('enqueue', () => {
 
   it('notifies listeners only after commit', async () => {
     await clear();
-    const listener = new pg.Client({ connectionString: db.url });
+    // LISTEN needs a session of its own, which no transaction pooler gives.
+    const listener = new pg.Client({ connectionString: db.directUrl });
     await listener.connect();
     const heard: string[] = [];
     const arrived = new Promise<void>((resolve) => listener.on('notification', (n) => (heard.push(n.payload ?? ''), resolve())));

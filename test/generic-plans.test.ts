@@ -173,7 +173,7 @@ describe('generic plans', () => {
     expect(statements.length).toBeGreaterThan(20);
 
     await busyHistory();
-    const client = await db.pool.connect();
+    const client = await db.direct.connect();
     const bad: string[] = [];
     try {
       await client.query('SET plan_cache_mode = force_generic_plan');

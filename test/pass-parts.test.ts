@@ -9,6 +9,7 @@ import { defineTask } from '../src/model/task.js';
 import { enqueue } from '../src/write/enqueue.js';
 import { claim, type ClaimedTask } from '../src/pass/claim.js';
 import { toExecutor, type PoolLike } from '../src/db/executor.js';
+import { withPreparedStatements } from '../src/db/statements.js';
 import { LeaseLostError, LeaseWatch } from '../src/pass/lease-watch.js';
 import { Settler, type SettledBatch } from '../src/pass/settler.js';
 import { freshDb } from './support/db.js';
@@ -19,7 +20,7 @@ const lease = { owner: 'parts', now: null, leaseMs: 30_000, leaseGraceMs: 1_000 
 
 async function claimed(n: number, owner = lease.owner): Promise<ClaimedTask[]> {
   for (let i = 0; i < n; i++) await enqueue(db.pool, noop, { n: i });
-  return claim(toExecutor(db.pool), { owner, limit: n, maxTimeoutMs: 60_000, queues: null, names: [noop.name], leaseGraceMs: 1_000, leaseMs: 30_000, now: null });
+  return claim(toExecutor(withPreparedStatements(db.pool)), { owner, limit: n, maxTimeoutMs: 60_000, queues: null, names: [noop.name], leaseGraceMs: 1_000, leaseMs: 30_000, now: null });
 }
 
 /** A pool that counts the statements sent through it, by their first words. */

@@ -251,9 +251,10 @@ describe('heartbeats', () => {
     const { id: orphan } = await enqueue(db.pool, slow, {});
     const { claim } = await import('../src/pass/claim.js');
     const { toExecutor } = await import('../src/db/executor.js');
+    const { withPreparedStatements } = await import('../src/db/statements.js');
     const t1 = new Date(Date.now() + 60_000);
     const later = (ms: number) => new Date(t1.getTime() + ms);
-    expect(await claim(toExecutor(db.pool), { owner: 'dead', limit: 1, maxTimeoutMs: 120_000, queues: null, names: [slow.name], leaseGraceMs: 100, leaseMs: 200, now: t1 })).toHaveLength(1);
+    expect(await claim(toExecutor(withPreparedStatements(db.pool)), { owner: 'dead', limit: 1, maxTimeoutMs: 120_000, queues: null, names: [slow.name], leaseGraceMs: 100, leaseMs: 200, now: t1 })).toHaveLength(1);
     expect((await recover(db.pool, { now: later(250) })).rows).toHaveLength(0);
     expect((await recover(db.pool, { now: later(301) })).rows.map((r) => r.id)).toEqual([orphan]);
   });

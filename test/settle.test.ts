@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { ConfigError, defineTask, enqueue, NonRetriableError, PassError, RetryAfterError, startRun, step, tick } from '../src/index.js';
 import { claim } from '../src/pass/claim.js';
 import { toExecutor, type PoolLike } from '../src/db/executor.js';
+import { withPreparedStatements } from '../src/db/statements.js';
 import { DROP_SQL, settle, SETTLE_RUN_TASKS_SQL, SETTLE_SQL, SUCCEED_RUN_TASKS_SQL, SUCCEED_SQL } from '../src/pass/settle.js';
 import { HEARTBEAT_SQL } from '../src/pass/tick.js';
 import { freshDb } from './support/db.js';
@@ -246,15 +247,16 @@ describe('keepSucceeded: false', () => {
     await clear();
     const ping = defineTask({ name: 'ping', input: z.object({}), keepSucceeded: false, run: () => null });
     const { id } = await enqueue(db.pool, ping, {});
-    const [claimed] = await claim(toExecutor(db.pool), {
+    const pass = withPreparedStatements(db.pool);
+    const [claimed] = await claim(toExecutor(pass), {
       owner: 'pass-a', limit: 1, maxTimeoutMs: 60_000, queues: null, names: ['ping'], leaseGraceMs: 1_000, leaseMs: 60_000, now: null,
     });
     expect(claimed!.id).toBe(id);
     const success = { id, runId: null, state: 'succeeded' as const, output: null, drop: true as const };
     // A pass that does not hold the lease (its own expired and was recovered) deletes nothing.
-    expect(await settle(db.pool, 'pass-b', [success], null)).toEqual([]);
+    expect(await settle(pass, 'pass-b', [success], null)).toEqual([]);
     expect(await taskRow(db.pool, id)).toMatchObject({ state: 'running', lease_owner: 'pass-a' });
-    expect(await settle(db.pool, 'pass-a', [success], null)).toEqual([{ id, state: 'succeeded', run_id: null, step: null }]);
+    expect(await settle(pass, 'pass-a', [success], null)).toEqual([{ id, state: 'succeeded', run_id: null, step: null }]);
     expect(await taskRow(db.pool, id)).toBeUndefined();
   });
 
@@ -306,7 +308,7 @@ describe('settle plans', () => {
                                 lease_expires_at = now() + interval '35 s', started_at = now(), waiting_on = 0 WHERE step LIKE 'l%'`);
     await db.pool.query(`INSERT INTO outlive.tasks (name, state, input, attempts, max_attempts, timeout_ms, finished_at)
                          SELECT 'done', 'succeeded', '{}', 1, 3, 30000, now() FROM generate_series(1, 20000)`);
-    const client = await db.pool.connect();
+    const client = await db.direct.connect();
     try {
       await client.query('SET plan_cache_mode = force_generic_plan');
       const statements = { SETTLE_SQL, SUCCEED_SQL, SETTLE_RUN_TASKS_SQL, SUCCEED_RUN_TASKS_SQL, DROP_SQL };
@@ -357,7 +359,7 @@ describe('settle plans', () => {
     await db.pool.query('ANALYZE outlive.tasks');
     await db.pool.query(`UPDATE outlive.tasks SET state = 'running', attempts = 1, lease_owner = 'other', lease_expires_at = now() + interval '1 hour'
                          WHERE id IN (SELECT id FROM outlive.tasks ORDER BY id DESC LIMIT 20000)`);
-    const client = await db.pool.connect();
+    const client = await db.direct.connect();
     const read: string[] = [];
     try {
       const mine = await claim(toExecutor(client), { owner: 'mine', limit: 5, maxTimeoutMs: 60_000, queues: null, names: ['noop'], leaseGraceMs: 5_000, leaseMs: 60_000, now: null });

@@ -8,6 +8,8 @@
  * databases and transactions of any Postgres driver.
  */
 
+import { runAgainUnnamed } from './statements.js';
+
 /**
  * A statement as drizzle's `execute` takes it: drizzle calls `getSQL()`, then
  * `toQuery()` with its dialect, so this is all a drizzle SQL object needs to
@@ -153,9 +155,18 @@ export async function transaction<T>(pool: PoolLike, fn: (client: PoolClientLike
   }
 }
 
-/** As {@link transaction}, handing `fn` an {@link Executor}. */
-export function inTransaction<T>(pool: PoolLike, fn: (db: Executor) => Promise<T>): Promise<T> {
-  return transaction(pool, (client) => fn(toExecutor(client)));
+/**
+ * As {@link transaction}, handing `fn` an {@link Executor}. A transaction
+ * that failed because its pool just learned that prepared statements do not
+ * survive its path (`src/db/statements.ts`) runs once more, unnamed.
+ */
+export async function inTransaction<T>(pool: PoolLike, fn: (db: Executor) => Promise<T>): Promise<T> {
+  try {
+    return await transaction(pool, (client) => fn(toExecutor(client)));
+  } catch (err) {
+    if (!runAgainUnnamed(pool, err)) throw err;
+    return transaction(pool, (client) => fn(toExecutor(client)));
+  }
 }
 
 /** Postgres's error code when it broke a deadlock by failing this transaction. */

@@ -123,6 +123,11 @@ function registerWorker(program: Command, io: CliIo, signals: SignalSource, setE
     .command('worker')
     .description('Run a long-lived worker: LISTEN for enqueued tasks, poll as a safety net, fire schedules, apply retention.')
     .addOption(new Option('--database-url <url>', 'Postgres connection string').env('DATABASE_URL'))
+    .addOption(
+      new Option('--listen-database-url <url>', 'a direct connection string for LISTEN alone, when --database-url goes through a transaction pooler').env(
+        'LISTEN_DATABASE_URL',
+      ),
+    )
     .requiredOption('--tasks <module>', 'module exporting the tasks (and schedules) to run')
     .option('--concurrency <n>', 'handlers running at once', wholeNumber(1), 10)
     .option('--queues <names>', 'only these queues, comma-separated')
@@ -131,6 +136,7 @@ function registerWorker(program: Command, io: CliIo, signals: SignalSource, setE
     .option('--no-retention', 'do not delete old finished tasks and runs')
     .action(async (opts: {
       databaseUrl?: string;
+      listenDatabaseUrl?: string;
       tasks: string;
       concurrency: number;
       queues?: string;
@@ -143,6 +149,7 @@ function registerWorker(program: Command, io: CliIo, signals: SignalSource, setE
       const logger: WorkerLogger = { info: io.out, warn: io.err, error: io.err };
       const worker: Worker = createWorker({
         connectionString: opts.databaseUrl,
+        ...(opts.listenDatabaseUrl ? { listenConnectionString: opts.listenDatabaseUrl } : {}),
         tasks: loaded.tasks,
         schedules: loaded.schedules,
         concurrency: opts.concurrency,

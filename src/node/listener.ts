@@ -23,7 +23,15 @@ export interface ListenerOptions {
   wake: () => void;
   /** Counts what happened, into the worker's stats. */
   count: (event: 'notifications' | 'disconnects' | 'reconnects') => void;
-  /** How long the connection may take to receive the NOTIFY it sends itself after LISTEN. Default 2,000 ms. */
+  /**
+   * Sends a notification from another session than the listener's (the
+   * worker's pool), as an enqueue does. The listener's own session will not
+   * do: through a transaction pooler its NOTIFY may run on the very server
+   * connection that holds its LISTEN, and be delivered while no other
+   * session's ever is (seen with PgBouncer 1.18).
+   */
+  notify: (channel: string, payload: string) => Promise<unknown>;
+  /** How long the connection may take to receive the probe notification after LISTEN. Default 2,000 ms. */
   probeMs?: number;
 }
 
@@ -84,10 +92,11 @@ export class Listener {
     client.on('end', () => this.lost(client, new Error('connection closed')));
     try {
       await client.connect();
-      // Prove that notifications reach this connection: through a
-      // transaction pooler (PgBouncer in transaction mode, a provider's
-      // pooled URL) LISTEN is accepted and nothing ever arrives. Before
-      // LISTEN outlive, so that no wake-up arrives while the probe runs.
+      // Prove that notifications from other sessions reach this
+      // connection: through a transaction pooler (PgBouncer in transaction
+      // mode, a provider's pooled URL) LISTEN is accepted and nothing ever
+      // arrives. Before LISTEN outlive, so that no wake-up arrives while
+      // the probe runs.
       const nonce = globalThis.crypto.randomUUID();
       const arrived = new Promise<boolean>((resolve) => {
         const timer = setTimeout(() => resolve(false), this.options.probeMs ?? 2_000);
@@ -98,7 +107,7 @@ export class Listener {
         };
       });
       await client.query(`LISTEN ${PROBE_CHANNEL}`);
-      await client.query('SELECT pg_notify($1, $2)', [PROBE_CHANNEL, nonce]);
+      await this.options.notify(PROBE_CHANNEL, nonce);
       this.receives = await arrived;
       probed = null;
       await client.query(`UNLISTEN ${PROBE_CHANNEL}`);
@@ -106,9 +115,9 @@ export class Listener {
       if (!this.receives && !this.warned) {
         this.warned = true;
         this.options.log.warn(
-          `outlive worker: the LISTEN connection did not receive the notification it sent itself within ${this.options.probeMs ?? 2_000} ms, ` +
+          `outlive worker: the LISTEN connection did not receive the notification the worker sent it within ${this.options.probeMs ?? 2_000} ms, ` +
             'so enqueues cannot wake this worker: a transaction pooler (PgBouncer in transaction mode, a pooled connection string) does not ' +
-            `deliver LISTEN/NOTIFY. Give the worker a direct connection string for its listener (listenConnectionString). Polling every ${this.options.pollIntervalMs} ms.`,
+            `deliver LISTEN/NOTIFY. Give the worker a direct connection string for its listener (listenConnectionString; --listen-database-url or LISTEN_DATABASE_URL for \`outlive worker\`). Polling every ${this.options.pollIntervalMs} ms.`,
         );
       }
     } catch (err) {

@@ -20,7 +20,8 @@ import { applyRetention, retentionConfig, type RetentionOptions, type RetentionR
 import { enqueueDue, isSchedule, ScheduleError, type AnySchedule, type EnqueueDueReport } from '../maintenance/schedule.js';
 import { taskRegistry, type AnyTask, type TaskList } from '../model/task.js';
 import { checkName } from '../model/checks.js';
-import { tick, type TickReport } from '../pass/tick.js';
+import { tick, type TickOptions, type TickReport } from '../pass/tick.js';
+import type { PreparedStatements } from '../db/statements.js';
 
 /** Where the worker writes what it does. */
 export interface WorkerLogger {
@@ -69,6 +70,8 @@ export interface WorkerOptions {
   retention?: RetentionOptions | false;
   /** How often the clock runs retention. Default 10 minutes (sooner while it reports more to do). */
   retentionIntervalMs?: number;
+  /** Whether passes send named prepared statements: see {@link TickOptions.preparedStatements}. Default `'auto'`. */
+  preparedStatements?: PreparedStatements;
   /** Lease owner prefix of the passes. Default "worker". */
   owner?: string;
   /** Where to log. Default the console. */
@@ -223,6 +226,7 @@ export function createWorker(options: WorkerOptions): Worker {
         log,
         wake: () => wake(),
         count: (event) => stats[event]++,
+        notify: (channel, payload) => pool!.query('SELECT pg_notify($1, $2)', [channel, payload]),
       })
     : null;
   let pollTimer: ReturnType<typeof setTimeout> | undefined;
@@ -288,7 +292,18 @@ export function createWorker(options: WorkerOptions): Worker {
       const recover = performance.now() - lastRecover >= pollIntervalMs;
       if (recover) lastRecover = performance.now();
       try {
-        report = await tick(pool!, { tasks: registry, concurrency, queues, budgetMs, owner, recover, wakeups, signal: draining.signal, abort: abort.signal });
+        report = await tick(pool!, {
+          tasks: registry,
+          concurrency,
+          queues,
+          budgetMs,
+          owner,
+          recover,
+          wakeups,
+          signal: draining.signal,
+          abort: abort.signal,
+          ...(options.preparedStatements === undefined ? {} : { preparedStatements: options.preparedStatements }),
+        });
       } catch (err) {
         stats.errors++;
         log.error(`outlive worker: pass failed: ${toError(err).message}; next try in ${pollIntervalMs} ms`);

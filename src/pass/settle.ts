@@ -8,6 +8,7 @@
 import { OutliveError, toError } from '../model/errors.js';
 import { entry, type Outcome } from './execute.js';
 import { inTransaction, toExecutor, type Executor, type PoolLike } from '../db/executor.js';
+import { lostPreparedStatement } from '../db/statements.js';
 import { applyRunEffects, type RunRow } from './run-effects.js';
 import type { PreparedStep } from '../model/step.js';
 
@@ -279,10 +280,13 @@ async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Out
 /**
  * True for an error about what was written (a check of ours, or an error the
  * database raised about the statement), not about the connection (SQLSTATE
- * classes 08 and 57, or no SQLSTATE at all) nor a passing lock meeting.
+ * classes 08 and 57, no SQLSTATE at all, a prepared statement the path did
+ * not keep) nor a passing lock meeting.
  */
 function refusedByDatabase(err: unknown): boolean {
   if (err instanceof OutliveError) return true;
+  // A prepared statement the connection path lost says nothing about the outcome.
+  if (lostPreparedStatement(err)) return false;
   const code = (err as { code?: unknown })?.code;
   return typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) && !code.startsWith('08') && !code.startsWith('57') && !transient(err);
 }

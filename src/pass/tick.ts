@@ -14,6 +14,7 @@ import { execute, HandBackError } from './execute.js';
 import { LeaseWatch } from './lease-watch.js';
 import { Settler } from './settler.js';
 import { toExecutor, toPool, type Database } from '../db/executor.js';
+import { withPreparedStatements, type PreparedStatements } from '../db/statements.js';
 import { announceTasks } from './known-tasks.js';
 import { recover } from './recover.js';
 import { taskRegistry, type TaskList } from '../model/task.js';
@@ -43,6 +44,15 @@ export interface TickOptions {
   queues?: readonly string[];
   /** Run the recovery of expired leases, beside the pass's first claim. Default true. */
   recover?: boolean;
+  /**
+   * Whether the pass sends its claims and settles as named prepared
+   * statements. `'auto'` (the default) does until the database says its
+   * path cannot keep them (a transaction pooler without prepared-statement
+   * support: PgBouncer before 1.21, or with `max_prepared_statements = 0`),
+   * then sends them unnamed for as long as the process lives; `true` forces
+   * them (a direct connection), `false` never sends them.
+   */
+  preparedStatements?: PreparedStatements;
   /** Stop claiming after this many tasks. */
   maxTasks?: number;
   /** The time the pass acts at, for tests; default: the database's clock. */
@@ -139,7 +149,7 @@ function positiveInt(name: string, value: number | undefined, fallback: number):
  */
 export async function tick(db: Database, options: TickOptions): Promise<TickReport> {
   const started = performance.now();
-  const pool = toPool(db);
+  const pool = withPreparedStatements(toPool(db), options.preparedStatements ?? 'auto');
   const exec = toExecutor(pool);
   const registry = taskRegistry(options.tasks);
   const budgetMs = positiveInt('budgetMs', options.budgetMs, 30_000);

@@ -7,13 +7,36 @@ import { afterAll, expect, inject, onTestFinished } from 'vitest';
 
 /** What a test needs: a pool on its own fresh database, and its URL. */
 export interface TestDb {
+  /** A pool on `url`: through the suite's pooler when it has one. */
   pool: pg.Pool;
+  /** The database's URL as an app would be given it: the pooled one when the suite runs through a pooler. */
   url: string;
+  /** The database's URL straight to the server, for what a pooler cannot carry (LISTEN, session locks). */
+  directUrl: string;
+  /** True when `url` goes through a transaction pooler. */
+  pooled: boolean;
+  /**
+   * A pool straight to the server (made on first use), for tests of the
+   * planner and of session state (PREPARE, SET, LISTEN), which no
+   * transaction pooler carries; `pool` itself when the suite runs direct.
+   */
+  readonly direct: pg.Pool;
   /** Runs one query on the pool and returns its rows. */
   rows<R = Record<string, unknown>>(text: string, params?: unknown[]): Promise<R[]>;
 }
 
 let counter = 0;
+
+/** True when the suite reaches its databases through a transaction pooler (TEST_POOLER). */
+export function throughPooler(): boolean {
+  return inject('poolerUrl') !== '';
+}
+
+function urlOn(server: string, database: string): string {
+  const u = new URL(server);
+  u.pathname = `/${database}`;
+  return u.toString();
+}
 
 /**
  * Creates a fresh migrated database: made at the top level of a file
@@ -29,14 +52,18 @@ export async function freshDb(): Promise<TestDb> {
   await admin.end();
   const u = new URL(adminUrl);
   u.pathname = `/${name}`;
-  const url = u.toString();
+  const directUrl = u.toString();
+  const poolerUrl = inject('poolerUrl');
+  const url = poolerUrl ? urlOn(poolerUrl, name) : directUrl;
   const pool = new pg.Pool({ connectionString: url, max: 20 });
   // pool.end() resolves before its clients' sockets have closed, so the
   // DROP ... WITH (FORCE) below can reach one still closing; its FATAL
   // arrives as a pool 'error' event, which with no listener is thrown.
   pool.on('error', () => undefined);
+  let direct: pg.Pool | undefined;
   const dropDb = async () => {
     await pool.end();
+    if (direct && direct !== pool) await direct.end();
     const drop = new pg.Client({ connectionString: adminUrl });
     await drop.connect();
     await drop.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
@@ -50,6 +77,15 @@ export async function freshDb(): Promise<TestDb> {
   return {
     pool,
     url,
+    directUrl,
+    pooled: url !== directUrl,
+    get direct() {
+      if (!direct) {
+        direct = url === directUrl ? pool : new pg.Pool({ connectionString: directUrl, max: 10 });
+        direct.on('error', () => undefined);
+      }
+      return direct;
+    },
     rows: async (text, params) => (await pool.query(text, params)).rows,
   };
 }

@@ -6,12 +6,14 @@
 import pg from 'pg';
 import type { TestProject } from 'vitest/node';
 import { migrate } from '../../src/node/migrate.js';
+import { startPgBouncer, type RunningPooler } from './pgbouncer.js';
 import { startPostgres, type RunningPostgres } from './postgres.js';
 
 // Named for this run, so runs sharing one server (a developer's and CI's) never collide.
 export const TEMPLATE_DB = `outlive_tpl_${process.pid}`;
 
 let server: RunningPostgres | undefined;
+let pooler: RunningPooler | undefined;
 
 export default async function setup(project: TestProject) {
   server = await startPostgres({
@@ -19,12 +21,18 @@ export default async function setup(project: TestProject) {
     dataDir: `.data/test-pg-${process.pid}`,
   });
   try {
+    // TEST_POOLER=pgbouncer: every test database is reached through a real
+    // PgBouncer in transaction mode, as through a provider's pooled URL.
+    if (process.env.TEST_POOLER === 'pgbouncer') pooler = await startPgBouncer(server.url);
+    else if (process.env.TEST_POOLER) throw new Error(`TEST_POOLER=${process.env.TEST_POOLER}: the only pooler the suite runs is pgbouncer`);
     await prepareTemplate(project, server);
   } catch (err) {
+    await pooler?.stop();
     await server.stop();
     throw err;
   }
   return async () => {
+    await pooler?.stop();
     if (!server) return;
     if (!server.embedded) await dropTemplate(server.url);
     await server.stop();
@@ -44,8 +52,12 @@ async function prepareTemplate(project: TestProject, server: RunningPostgres) {
   await migrate(server.urlFor(TEMPLATE_DB));
   const version = await admin.query('SHOW server_version');
   await admin.end();
-  console.log(`outlive tests: PostgreSQL ${version.rows[0].server_version} (${server.embedded ? 'embedded' : server.url.replace(/:[^:@/]*@/, ':***@')})`);
+  console.log(
+    `outlive tests: PostgreSQL ${version.rows[0].server_version} (${server.embedded ? 'embedded' : server.url.replace(/:[^:@/]*@/, ':***@')})` +
+      (pooler ? `, through ${pooler.version} in transaction mode` : ''),
+  );
   project.provide('pgUrl', server.url);
+  project.provide('poolerUrl', pooler ? pooler.pooled(server.url) : '');
   project.provide('templateDb', TEMPLATE_DB);
 }
 
@@ -68,6 +80,8 @@ async function dropTemplate(url: string) {
 declare module 'vitest' {
   export interface ProvidedContext {
     pgUrl: string;
+    /** The server's URL through the suite's PgBouncer, or '' when the suite runs direct. */
+    poolerUrl: string;
     templateDb: string;
   }
 }

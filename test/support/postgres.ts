@@ -16,7 +16,8 @@ export interface RunningPostgres {
   embedded: boolean;
 }
 
-async function freePort(): Promise<number> {
+/** A port of 127.0.0.1 that nothing listens on right now. */
+export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer();
     server.unref();
