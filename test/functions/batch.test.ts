@@ -11,23 +11,28 @@ import { pgTable, text, uuid } from 'drizzle-orm/pg-core';
 import { afterAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { batchEnqueue, enqueuedFrom } from '../../src/write/batch.js';
+import { enqueue, enqueueMany } from '../../src/write/enqueue.js';
+import { startRun } from '../../src/write/start-run.js';
+import { step } from '../../src/model/step.js';
 import { InvalidEnqueueError } from '../../src/model/errors.js';
 import { defineTask } from '../../src/model/task.js';
 import { tick } from '../../src/pass/tick.js';
 import { freshDb } from '../support/db.js';
 import { roleUrl } from '../support/functions-db.js';
-import { startNeonHttp } from '../support/neon-http.js';
+import { neonUrl, startNeonHttp } from '../support/neon-http.js';
 import { taskRow } from '../support/tasks.js';
 
 const db = await freshDb();
 await db.pool.query(`CREATE TABLE signups (id uuid PRIMARY KEY, email text NOT NULL UNIQUE, welcomed boolean NOT NULL DEFAULT false)`);
-const { url } = await roleUrl(db); // neon() wants a password in the URL
-const server = await startNeonHttp(db.url);
+const { url } = await roleUrl(db); // Neon's proxy requires a password in the URL
+// The proxy connects to the compute itself, not through a pooler.
+const server = await startNeonHttp(db.directUrl);
 afterAll(() => server.close());
 neonConfig.fetchEndpoint = server.endpoint;
 
 const signups = pgTable('signups', { id: uuid('id').primaryKey(), email: text('email').notNull() });
-const http = drizzle(neon(url));
+// On the endpoint's host name, as Neon hands out the URL (an IP address names no endpoint).
+const http = drizzle(neon(neonUrl(url)));
 
 const welcome = defineTask({
   name: 'welcome',
@@ -117,6 +122,23 @@ describe('batchEnqueue in a neon-http db.batch', () => {
       await db.rows<{ ahead: number }>(`SELECT extract(epoch FROM run_at - created_at)::float8 AS ahead FROM outlive.tasks WHERE id = $1`, [b.id])
     )[0]!;
     expect(ahead).toBeCloseTo(60, 0);
+  });
+});
+
+describe('the other writes over neon-http, one request each', () => {
+  // Without db.batch each is its own request and commits alone; what matters
+  // here is that each is one statement Neon's proxy runs as it is.
+  it('enqueue, enqueueMany and startRun run through drizzle neon-http', async () => {
+    const before = server.requests;
+    const one = await enqueue(http, welcome, { signupId: crypto.randomUUID() }, { runAt: new Date(Date.now() + 60_000), key: `k-${crypto.randomUUID()}` });
+    expect(await taskRow(db.pool, one.id)).toMatchObject({ state: 'pending' });
+    const ids = [crypto.randomUUID(), crypto.randomUUID()];
+    const many = await enqueueMany(http, welcome, ids.map((signupId) => ({ signupId })), { delayMs: 1_000 });
+    expect(many.map((t) => t.deduplicated)).toEqual([false, false]);
+    const run = await startRun(http, 'welcome-pair', { a: step(welcome, { signupId: ids[0]! }), b: step(welcome, { signupId: ids[1]! }, { after: ['a'] }) });
+    expect(Object.keys(run.tasks).sort()).toEqual(['a', 'b']);
+    expect(await count(`SELECT count(*)::int AS n FROM outlive.tasks WHERE run_id = $1`, [run.id])).toBe(2);
+    expect(server.requests - before).toBe(3);
   });
 });
 
