@@ -49,16 +49,18 @@ const env: FunctionsEnv = { DATABASE_URL: databaseUrl, NEON_WS_PROXY: proxy.addr
 const POST = createDrainRoute(() => [job], { env, write: (l) => logLines.push(l) });
 const logLines: string[] = [];
 const DRAIN_BODY = JSON.stringify({ queues: ['drain-only'] });
+/** Where the drain requests arrive: the endpoint their signatures are for. */
+const DRAIN_URL = 'https://app.example/api/drain';
 const drain = async (body: string, signature?: string | null) =>
   POST(
-    new Request('https://app.example/api/drain', {
+    new Request(DRAIN_URL, {
       method: 'POST',
-      headers: signature === null ? {} : { [SIGNATURE_HEADER]: signature ?? (await signNudge(SECRET, body)) },
+      headers: signature === null ? {} : { [SIGNATURE_HEADER]: signature ?? (await signNudge(SECRET, DRAIN_URL, body)) },
       body,
     }),
   );
 // A signature spent before the snapshot, to replay.
-const spent = await signNudge(SECRET, DRAIN_BODY);
+const spent = await signNudge(SECRET, DRAIN_URL, DRAIN_BODY);
 const spentResponse = await drain(DRAIN_BODY, spent);
 const spentBody = await spentResponse.text();
 if (spentResponse.status !== 200) throw new Error(`setup drain: ${spentResponse.status} ${spentBody} ${logLines.join(" ")}`);
@@ -168,10 +170,10 @@ const cases: Case[] = [
   { name: 'drain webhook without a signature', answers: [401, /missing Outlive-Signature header/], act: () => drain(DRAIN_BODY, null) },
   { name: 'drain webhook with a malformed signature', answers: [401, /malformed Outlive-Signature header/], act: () => drain(DRAIN_BODY, 'garbage') },
   { name: 'drain webhook with SQL as its signature', answers: [401, /malformed Outlive-Signature header/], act: () => drain(DRAIN_BODY, SQL[0]!) },
-  { name: 'drain webhook signed with another secret', answers: [401, /signature does not match/], act: async () => drain(DRAIN_BODY, await signNudge('b'.repeat(48), DRAIN_BODY)) },
-  { name: 'drain webhook whose body was changed after signing', answers: [401, /signature does not match/], act: async () => drain(JSON.stringify({ queues: ['seeded'] }), await signNudge(SECRET, DRAIN_BODY)) },
-  { name: 'drain webhook signed 10 minutes ago', answers: [401, /signature timestamp is outside the allowed window/], act: async () => drain(DRAIN_BODY, await signNudge(SECRET, DRAIN_BODY, { now: new Date(Date.now() - 600_000) })) },
-  { name: 'drain webhook signed 10 minutes ahead', answers: [401, /signature timestamp is outside the allowed window/], act: async () => drain(DRAIN_BODY, await signNudge(SECRET, DRAIN_BODY, { now: new Date(Date.now() + 600_000) })) },
+  { name: 'drain webhook signed with another secret', answers: [401, /signature does not match/], act: async () => drain(DRAIN_BODY, await signNudge('b'.repeat(48), DRAIN_URL, DRAIN_BODY)) },
+  { name: 'drain webhook whose body was changed after signing', answers: [401, /signature does not match/], act: async () => drain(JSON.stringify({ queues: ['seeded'] }), await signNudge(SECRET, DRAIN_URL, DRAIN_BODY)) },
+  { name: 'drain webhook signed 10 minutes ago', answers: [401, /signature timestamp is outside the allowed window/], act: async () => drain(DRAIN_BODY, await signNudge(SECRET, DRAIN_URL, DRAIN_BODY, { now: new Date(Date.now() - 600_000) })) },
+  { name: 'drain webhook signed 10 minutes ahead', answers: [401, /signature timestamp is outside the allowed window/], act: async () => drain(DRAIN_BODY, await signNudge(SECRET, DRAIN_URL, DRAIN_BODY, { now: new Date(Date.now() + 600_000) })) },
   { name: 'drain webhook replayed', answers: [403, /signature was already used/], act: () => drain(DRAIN_BODY, spent) },
   { name: 'drain webhook with a 70 kB body', answers: [413, /./], act: async () => drain(JSON.stringify({ queues: ['x'], pad: 'x'.repeat(70_000) })) },
   // Unreachable or wrong databases.

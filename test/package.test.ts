@@ -102,7 +102,7 @@ export async function main(url: string): Promise<TickReport> {
   void w;
   const res: Response = await handleDashboard(new Request('https://x/'), pool, { token: undefined });
   void res;
-  void (await signNudge('s'.repeat(32), '{}'));
+  void (await signNudge('s'.repeat(32), 'https://jobs.example.com/drain', '{}'));
   void nudge;
   void [worker.fetch, worker.scheduled, GET, POST, queued];
   return report;
@@ -214,7 +214,7 @@ describe('the packed package, installed in an app', { timeout: 240_000 }, () => 
 
       await enqueue(db.pool, record, { label: 'from-nudge' });
       const body = '{}';
-      const res = await worker.fetch('/drain', { method: 'POST', headers: { [SIGNATURE_HEADER]: await signNudge(SECRET, body) }, body });
+      const res = await worker.fetch('/drain', { method: 'POST', headers: { [SIGNATURE_HEADER]: await signNudge(SECRET, worker.url('/drain'), body) }, body });
       expect(res.status, await res.clone().text()).toBeLessThan(300);
       await waitFor(async () => (await db.rows(`SELECT 1 FROM app_effects WHERE label = 'from-nudge'`)).length === 1);
     } finally {
@@ -228,7 +228,8 @@ describe('the packed package, installed in an app', { timeout: 240_000 }, () => 
     await build({ entryPoints: [path.join(app, 'tasks.ts')], outdir: path.join(app, 'out'), format: 'esm', platform: 'node', logLevel: 'silent' });
     const env = { DATABASE_URL: databaseUrl, NEON_WS_PROXY: proxy.address, OUTLIVE_DRAIN_SECRET: SECRET, CRON_SECRET: 'c'.repeat(32) };
     const body = '{}';
-    const signature = await signNudge(SECRET, body);
+    // Signed for the URL the route is called with below.
+    const signature = await signNudge(SECRET, 'https://app.example/api/drain', body);
     writeFileSync(
       path.join(app, 'out/call-routes.mjs'),
       `import { createCronRoute, createDrainRoute } from 'outlive/vercel';

@@ -73,9 +73,10 @@ export async function serverlessDrain(url: string, options: { concurrency: numbe
     for (;;) {
       if (passes >= options.maxPasses) throw new Error(`the queue was not empty after ${passes} drain passes`);
       const body = '';
-      const response = await fetch(new URL('/drain', base), {
+      const url = new URL('/drain', base);
+      const response = await fetch(url, {
         method: 'POST',
-        headers: { [SIGNATURE_HEADER]: await signNudge(secret, body) },
+        headers: { [SIGNATURE_HEADER]: await signNudge(secret, url.toString(), body) },
         body,
       });
       const text = await response.text();

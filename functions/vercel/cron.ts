@@ -1,4 +1,8 @@
-/** Vercel's cron route: `GET /api/cron` with `Authorization: Bearer <CRON_SECRET>`. */
+/**
+ * Vercel's cron route: `GET /api/cron` with `Authorization: Bearer <CRON_SECRET>`.
+ * vercel.json fires it once a day, which deploys on the Hobby plan; on Pro,
+ * make its schedule `* * * * *` (docs/deploy.md).
+ */
 import { createCronRoute } from 'outlive/vercel';
 import { tasks } from '../tasks.js';
 

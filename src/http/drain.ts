@@ -4,18 +4,38 @@
  * cron tick.
  *
  * Refusals run nothing and touch no task row: 401 for a missing, malformed,
- * wrong or stale signature, 403 for a replayed one, 413 for a body too large
- * to be a nudge. With `Prefer: respond-async` (what `nudge()` sends) and a
- * platform that can keep working after the response (Workers), it answers
- * 202 at once and runs the pass in the background; otherwise it answers 200
- * with the pass's report when the pass is done.
+ * outdated (v1), wrong, misdirected (signed for another endpoint) or stale
+ * signature, 403 for a replayed one, 413 for a body too large to be a nudge.
+ *
+ * The signature covers the endpoint the nudger meant, checked against the
+ * endpoints this drain answers as: the URL the request arrived at, or, when
+ * `OUTLIVE_DRAIN_URL` is set, exactly the URLs and endpoint ids it lists (a
+ * custom domain in front of a workers.dev host, a Vercel rewrite, a proxy:
+ * whatever makes the URL the handler sees differ from the one the app
+ * nudges). Both come from the request and the invocation's environment, so
+ * the platform adapters pass nothing new.
+ *
+ * With `Prefer: respond-async` (what `nudge()` sends) and a platform that can
+ * keep working after the response (Workers), it answers 202 at once and runs
+ * the pass in the background; otherwise it answers 200 with the pass's report
+ * when the pass is done.
  */
 import { ConfigError, toError } from '../model/errors.js';
 import { toExecutor } from '../db/executor.js';
-import { checkSecret, rejectStatus, SIGNATURE_HEADER, verifyNudge, type RejectReason, type Verification } from './nudge.js';
+import {
+  canonicalEndpoint,
+  checkSecret,
+  DRAIN_URL_SETTING,
+  parseEndpoints,
+  rejectStatus,
+  SIGNATURE_HEADER,
+  verifyNudge,
+  type RejectReason,
+  type Verification,
+} from './nudge.js';
 import { checkName } from '../model/checks.js';
 import { PassError } from '../pass/tick.js';
-import { json, runPass, type Invocation } from './invocation.js';
+import { json, runPass, type FunctionsEnv, type Invocation } from './invocation.js';
 
 /** Largest drain body read: 64 KiB. A nudge's body is a few bytes of JSON at most. */
 export const MAX_DRAIN_BODY_BYTES = 65_536;
@@ -23,13 +43,40 @@ export const MAX_DRAIN_BODY_BYTES = 65_536;
 const REASONS: Record<RejectReason, string> = {
   missing: `missing ${SIGNATURE_HEADER} header`,
   malformed: `malformed ${SIGNATURE_HEADER} header`,
+  outdated:
+    'signature is v1, which this drain no longer accepts: update outlive in the app that sends the nudge ' +
+    '(v2 signs the endpoint and the exact body bytes)',
   wrong: 'signature does not match',
+  misdirected:
+    'signature is for another endpoint: nudge the URL this drain answers as, or, when a proxy or rewrite ' +
+    `changes the URL it sees, set ${DRAIN_URL_SETTING} on the drain to the URL the app nudges`,
   stale: 'signature timestamp is outside the allowed window',
   replayed: 'signature was already used',
 };
 
+/**
+ * The endpoints this drain answers as: those {@link DRAIN_URL_SETTING} lists
+ * when it is set, else the URL the request arrived at. Throws ConfigError
+ * (naming the setting, never its value) for a list that is not URLs or ids.
+ */
+export function drainEndpoints(request: Request, env: FunctionsEnv): string[] {
+  const configured = env[DRAIN_URL_SETTING];
+  if (configured === undefined || configured === '') return [canonicalEndpoint(request.url, 'the request URL')];
+  if (typeof configured !== 'string') throw new ConfigError(`outlive: ${DRAIN_URL_SETTING} must be a string`);
+  return parseEndpoints(configured, DRAIN_URL_SETTING);
+}
+
+// Fatal: a verified body that is not UTF-8 is refused, not read with U+FFFD in its place.
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+
 /** Reads the signed body: empty, or JSON `{ "queues": ["a", "b"] }` to drain only those queues. */
-function parseBody(body: string): { queues?: string[] } {
+function parseBody(bytes: Uint8Array): { queues?: string[] } {
+  let body: string;
+  try {
+    body = utf8.decode(bytes);
+  } catch {
+    throw new ConfigError('body must be UTF-8');
+  }
   if (body.trim() === '') return {};
   let parsed: unknown;
   try {
@@ -44,10 +91,13 @@ function parseBody(body: string): { queues?: string[] } {
   return { queues: queues.map((q) => checkName('queue', q)) };
 }
 
-/** Reads the body as text, or null once it passes {@link MAX_DRAIN_BODY_BYTES} (read no further). */
-async function readBody(request: Request): Promise<string | null> {
+/**
+ * Reads the body as the exact bytes received (what the signature covers), or
+ * null once it passes {@link MAX_DRAIN_BODY_BYTES} (read no further).
+ */
+async function readBody(request: Request): Promise<Uint8Array | null> {
   if (Number(request.headers.get('content-length') ?? 0) > MAX_DRAIN_BODY_BYTES) return null;
-  if (!request.body) return '';
+  if (!request.body) return new Uint8Array(0);
   const reader = request.body.getReader();
   const chunks: Uint8Array[] = [];
   let size = 0;
@@ -67,7 +117,7 @@ async function readBody(request: Request): Promise<string | null> {
     all.set(c, at);
     at += c.byteLength;
   }
-  return new TextDecoder().decode(all);
+  return all;
 }
 
 function prefersAsync(request: Request): boolean {
@@ -78,13 +128,15 @@ function prefersAsync(request: Request): boolean {
 export async function handleDrain(request: Request, inv: Invocation): Promise<Response> {
   if (request.method !== 'POST') return json(405, { error: 'use POST' }, { allow: 'POST' });
   const secret = inv.env.OUTLIVE_DRAIN_SECRET;
+  let endpoints: string[];
   try {
     checkSecret(secret);
+    endpoints = drainEndpoints(request, inv.env);
   } catch (err) {
     inv.log('drain-misconfigured', { error: toError(err).message });
     return json(500, { error: 'the drain endpoint is not configured' });
   }
-  let body: string | null;
+  let body: Uint8Array | null;
   try {
     body = await readBody(request);
   } catch {
@@ -94,13 +146,22 @@ export async function handleDrain(request: Request, inv: Invocation): Promise<Re
 
   let verification: Verification;
   try {
-    verification = await verifyNudge(toExecutor(inv.pool), secret as string, request.headers.get(SIGNATURE_HEADER), body);
+    verification = await verifyNudge(toExecutor(inv.pool), secret as string, request.headers.get(SIGNATURE_HEADER), {
+      method: request.method,
+      endpoints,
+      body,
+    });
   } catch (err) {
     inv.log('drain-verify-error', { error: toError(err).message });
     return json(500, { error: 'could not verify the request' });
   }
   if (!verification.ok) {
-    inv.log('drain-rejected', { reason: verification.reason });
+    // The endpoint signed for is logged only once the MAC matched (the verifier sets it then), so
+    // the operator can compare it with the endpoints this drain answers as.
+    inv.log('drain-rejected', {
+      reason: verification.reason,
+      ...(verification.reason === 'misdirected' ? { signedFor: verification.endpoint, answersAs: endpoints } : {}),
+    });
     const status = rejectStatus(verification.reason);
     return json(status, { error: REASONS[verification.reason] }, status === 401 ? { 'www-authenticate': SIGNATURE_HEADER } : {});
   }

@@ -21,6 +21,8 @@ export interface FunctionsEnv {
   DATABASE_URL?: string;
   /** Shared secret of the drain webhook's HMAC signatures. Secret. */
   OUTLIVE_DRAIN_SECRET?: string;
+  /** The drain's public URLs or endpoint ids, comma-separated, that nudges are signed for; default the URL a request arrives at. */
+  OUTLIVE_DRAIN_URL?: string;
   /** Vercel's cron secret, sent as `Authorization: Bearer ...`. Secret. */
   CRON_SECRET?: string;
   /** The dashboard's token (`/dashboard`); without it the dashboard answers 401. Secret. */
@@ -29,6 +31,8 @@ export interface FunctionsEnv {
   NEON_WS_PROXY?: string;
   /** Lowers the pass's budget below the platform's ceiling (ms). */
   OUTLIVE_BUDGET_MS?: string;
+  /** Workers only: the `[limits] cpu_ms` the Worker is deployed with (ms), which its budgets follow. Default 30000. */
+  OUTLIVE_CPU_MS?: string;
   /** Handlers running at once in a pass. Default 10. */
   OUTLIVE_CONCURRENCY?: string;
   [binding: string]: unknown;
@@ -76,6 +80,17 @@ export interface Invocation {
   redact(text: string): string;
   /** Waits for background work, then closes the pool. Never rejects. */
   close(): Promise<void>;
+}
+
+/**
+ * The longest pass that fits in a platform's limit on an invocation (ms):
+ * the limit less what is kept back for the last settles and closing the
+ * pool, a tenth of the limit and at least 5 s (half the limit, for a limit
+ * under 10 s). Never less than 1 ms.
+ */
+export function budgetWithin(limitMs: number): number {
+  const kept = Math.max(Math.min(5_000, limitMs / 2), limitMs / 10);
+  return Math.max(1, Math.floor(limitMs - kept));
 }
 
 /** How an entry point opens its invocation. */

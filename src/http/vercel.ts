@@ -11,20 +11,67 @@
  * export const POST = createDrainRoute(tasks);
  * ```
  *
- * A Vercel function has no `waitUntil` here, so the drain always answers
- * when its pass is done (200 with the report), whatever the `Prefer` header.
+ * On Vercel the drain answers a nudge at once (202) and runs its pass in
+ * Vercel's `waitUntil`, as the Worker does in `ctx.waitUntil`. That comes
+ * from `@vercel/functions`, an optional peer dependency: add it to the app.
+ * Without it, or off Vercel with no `waitUntil` given, the drain answers when
+ * its pass is done (200 with the report), whatever the `Prefer` header.
  */
 import { handleCronRequest } from './cron.js';
 import { handleDashboard } from './dashboard/index.js';
 import { handleDrain } from './drain.js';
-import { json, openInvocation, type FunctionsEnv, type Invocation, type TasksFor } from './invocation.js';
+import { budgetWithin, json, openInvocation, type FunctionsEnv, type Invocation, type TasksFor } from './invocation.js';
 import { toError } from '../model/errors.js';
 
-// The pass's budget ceiling on Vercel (ms): `maxDuration` is 60 s for the
-// routes in vercel.json; 45 s leaves 15 s for recovery, the last settles, the
-// pool's close and a cold start. Raise both together.
-/** The budget ceiling of a pass on Vercel (ms). */
-export const VERCEL_BUDGET_MS = 45_000;
+// The budget follows the limits Vercel documents (vercel.com/docs/functions/
+// limitations and /configuring-functions/duration; @vercel/functions'
+// reference for waitUntil and getDeadline):
+// - a function runs at most its maxDuration, set per route in vercel.json:
+//   300 s by default, at most 300 s on Hobby and 800 s on Pro and Enterprise;
+// - work passed to waitUntil shares it: it ends at the invocation's deadline,
+//   as the response does, so a drain in waitUntil gets no less and no more.
+// When @vercel/functions gives the invocation's deadline (getDeadline), the
+// pass ends a tenth before it, at least 5 s (budgetWithin); that follows the
+// route's real maxDuration and the time a cold start already took. Else the
+// route assumes `maxDuration` (its option, default 60 s as vercel.json sets
+// it) less 10 s for a cold start: 45 s. `OUTLIVE_BUDGET_MS` may lower it,
+// never raise it.
+/** The `maxDuration` (s) vercel.json gives the routes; a route assumes it unless told otherwise. */
+export const VERCEL_MAX_DURATION_S = 60;
+/** What a cold start may take of maxDuration before a route runs, when Vercel does not give the deadline (ms). */
+export const COLD_START_MS = 10_000;
+
+/**
+ * The budget ceiling of a pass on Vercel (ms): until the invocation's
+ * `deadline` when Vercel gives it, else within `maxDurationS` less a cold
+ * start; less what {@link budgetWithin} keeps back.
+ */
+export function vercelBudgetMs(maxDurationS: number, deadline?: Date, now: number = Date.now()): number {
+  const limitMs = deadline ? deadline.getTime() - now : maxDurationS * 1_000 - COLD_START_MS;
+  return budgetWithin(limitMs);
+}
+
+/** What the routes use of `@vercel/functions`. */
+interface VercelRuntime {
+  waitUntil(work: Promise<unknown>): void;
+  getDeadline(): Date | undefined;
+}
+
+let runtime: Promise<VercelRuntime | null> | undefined;
+let warned = false;
+
+// Loaded on Vercel only, once: an app that is not on Vercel needs no package.
+function vercelRuntime(): Promise<VercelRuntime | null> {
+  runtime ??= import('@vercel/functions').then(
+    (fns) => ({
+      waitUntil: fns.waitUntil,
+      // getDeadline came in 3.8; an older copy means no deadline, not no waitUntil.
+      getDeadline: typeof fns.getDeadline === 'function' ? fns.getDeadline : () => undefined,
+    }),
+    () => null,
+  );
+  return runtime;
+}
 
 async function webSocketClass(): Promise<unknown> {
   // Node 22+ (Vercel's default) has a global WebSocket; older Node needs `ws`.
@@ -33,24 +80,54 @@ async function webSocketClass(): Promise<unknown> {
   return ws.WebSocket;
 }
 
-/** Where a route reads its settings and writes its log. */
+/** Where a route reads its settings, what it may assume of Vercel, and where it writes its log. */
 export interface RouteOptions {
   /** Default `process.env`, read at each request. */
   env?: FunctionsEnv;
   /** Default `console.log`. */
   write?: (line: string) => void;
+  /**
+   * The route's `maxDuration` in vercel.json (s), assumed when Vercel does
+   * not give the invocation's deadline. Default {@link VERCEL_MAX_DURATION_S};
+   * lower than the real one is safe, higher is not.
+   */
+  maxDuration?: number;
+  /**
+   * Continues work after the response. Default on Vercel (`VERCEL=1`):
+   * `waitUntil` of `@vercel/functions`; elsewhere none, and the drain answers
+   * when its pass is done. Give one to run the routes on another host that
+   * has it.
+   */
+  waitUntil?: (work: Promise<unknown>) => void;
 }
 
-async function open(tasksFor: TasksFor, options: RouteOptions): Promise<Invocation | Response> {
+/** An open invocation and where its leftover work goes. */
+interface Opened {
+  inv: Invocation;
+  /** Takes the pool's close (after any background pass) past the response; null: close before answering. */
+  waitUntil: ((work: Promise<unknown>) => void) | null;
+}
+
+async function open(tasksFor: TasksFor, options: RouteOptions, { background }: { background: boolean }): Promise<Opened | Response> {
   const write = options.write ?? ((line: string) => console.log(line));
+  const env = options.env ?? (process.env as FunctionsEnv);
+  const onVercel = env.VERCEL === '1';
+  const vercel = onVercel ? await vercelRuntime() : null;
+  if (onVercel && !vercel && !warned) {
+    warned = true;
+    write(JSON.stringify({ outlive: 'vercel-functions-missing', platform: 'vercel', error: 'add @vercel/functions to the app so the drain can answer at once' }));
+  }
+  const waitUntil = options.waitUntil ?? vercel?.waitUntil ?? null;
   try {
-    return openInvocation(options.env ?? (process.env as FunctionsEnv), {
+    const inv = openInvocation(env, {
       platform: 'vercel',
       tasks: tasksFor,
-      budgetCeilingMs: VERCEL_BUDGET_MS,
+      budgetCeilingMs: vercelBudgetMs(options.maxDuration ?? VERCEL_MAX_DURATION_S, vercel?.getDeadline()),
       webSocketConstructor: await webSocketClass(),
       write,
+      ...(background && waitUntil ? { waitUntil } : {}),
     });
+    return { inv, waitUntil: background ? waitUntil : null };
   } catch (err) {
     // A ConfigError names a setting, never its value.
     write(JSON.stringify({ outlive: 'misconfigured', platform: 'vercel', error: toError(err).message }));
@@ -58,15 +135,21 @@ async function open(tasksFor: TasksFor, options: RouteOptions): Promise<Invocati
   }
 }
 
+/** Closes the invocation: after the response when its work may outlive it, else before. */
+async function close({ inv, waitUntil }: Opened): Promise<void> {
+  if (waitUntil) waitUntil(inv.close());
+  else await inv.close();
+}
+
 /** Builds the cron route's `GET` handler for a task list. */
 export function createCronRoute(tasksFor: TasksFor, options: RouteOptions = {}) {
   return async function GET(request: Request): Promise<Response> {
-    const inv = await open(tasksFor, options);
-    if (inv instanceof Response) return inv;
+    const opened = await open(tasksFor, options, { background: false });
+    if (opened instanceof Response) return opened;
     try {
-      return await handleCronRequest(request, inv);
+      return await handleCronRequest(request, opened.inv);
     } finally {
-      await inv.close();
+      await close(opened);
     }
   };
 }
@@ -74,12 +157,12 @@ export function createCronRoute(tasksFor: TasksFor, options: RouteOptions = {}) 
 /** Builds the drain route's `POST` handler for a task list. */
 export function createDrainRoute(tasksFor: TasksFor, options: RouteOptions = {}) {
   return async function POST(request: Request): Promise<Response> {
-    const inv = await open(tasksFor, options);
-    if (inv instanceof Response) return inv;
+    const opened = await open(tasksFor, options, { background: true });
+    if (opened instanceof Response) return opened;
     try {
-      return await handleDrain(request, inv);
+      return await handleDrain(request, opened.inv);
     } finally {
-      await inv.close();
+      await close(opened);
     }
   };
 }
@@ -91,8 +174,9 @@ export const VERCEL_DASHBOARD_PATH = '/api/dashboard';
 export function createDashboardRoute(tasksFor: TasksFor, options: RouteOptions & { basePath?: string } = {}) {
   return async function dashboard(request: Request): Promise<Response> {
     const env = options.env ?? (process.env as FunctionsEnv);
-    const inv = await open(tasksFor, { ...options, env });
-    if (inv instanceof Response) return inv;
+    const opened = await open(tasksFor, { ...options, env }, { background: false });
+    if (opened instanceof Response) return opened;
+    const { inv } = opened;
     try {
       return await handleDashboard(request, inv.pool, {
         token: typeof env.OUTLIVE_DASHBOARD_TOKEN === 'string' ? env.OUTLIVE_DASHBOARD_TOKEN : undefined,
@@ -100,10 +184,9 @@ export function createDashboardRoute(tasksFor: TasksFor, options: RouteOptions &
         log: (line) => inv.log('dashboard-error', { error: line }),
       });
     } finally {
-      await inv.close();
+      await close(opened);
     }
   };
 }
 
 export type { FunctionsEnv, TaskDeps, TasksFor, Deployment } from './invocation.js';
-

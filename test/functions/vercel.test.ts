@@ -3,18 +3,20 @@
  * over the Neon WebSocket driver (through the local proxy) to the real
  * PostgreSQL; and the nudge, sent over real HTTP to the drain route.
  */
+import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { afterAll, describe, expect, it } from 'vitest';
+import { Cron } from 'croner';
+import { afterAll, describe, expect, it, vi } from 'vitest';
 import { enqueue } from '../../src/write/enqueue.js';
 import { defineSchedule } from '../../src/maintenance/schedule.js';
 import { nudge, signNudge, SIGNATURE_HEADER } from '../../src/http/nudge.js';
-import { createCronRoute, createDrainRoute, VERCEL_BUDGET_MS } from '../../src/http/vercel.js';
+import { createCronRoute, createDrainRoute, VERCEL_MAX_DURATION_S, vercelBudgetMs } from '../../src/http/vercel.js';
 import type { FunctionsEnv } from '../../src/http/invocation.js';
 import { ping } from '../../functions/tasks.js';
 import { freshDb } from '../support/db.js';
 import { definitions, tasks } from '../support/function-tasks.js';
-import { roleUrl } from '../support/functions-db.js';
+import { roleUrl, waitFor } from '../support/functions-db.js';
 import { createEffects, taskRow } from '../support/tasks.js';
 import { startWsProxy } from '../support/ws-proxy.js';
 
@@ -41,6 +43,33 @@ const GET = createCronRoute(tasks, { env, write });
 const POST = createDrainRoute(tasks, { env, write });
 const defs = definitions(null);
 
+/** The budgets of the passes logged since line `from`, in order. */
+function budgetsLogged(from: number): { trigger: string; budgetMs: number }[] {
+  return lines
+    .slice(from)
+    .filter((l) => l.includes('"outlive":"pass"'))
+    .map((l) => JSON.parse(l) as { trigger: string; budgetMs: number })
+    .map(({ trigger, budgetMs }) => ({ trigger, budgetMs }));
+}
+
+/**
+ * Runs `body` inside what Vercel's runtime gives each invocation: a request
+ * context (the global that `@vercel/functions` reads) with its `waitUntil`
+ * and the invocation's deadline. Returns the work handed to `waitUntil`.
+ */
+async function onVercel(deadline: Date, body: () => Promise<void>): Promise<Promise<unknown>[]> {
+  const handed: Promise<unknown>[] = [];
+  const key = Symbol.for('@vercel/request-context');
+  const context = { waitUntil: (work: Promise<unknown>) => void handed.push(work), deadline: deadline.toISOString() };
+  (globalThis as Record<symbol, unknown>)[key] = { get: () => context };
+  try {
+    await body();
+  } finally {
+    delete (globalThis as Record<symbol, unknown>)[key];
+  }
+  return handed;
+}
+
 async function call(handler: (r: Request) => Promise<Response>, request: Request) {
   const response = await handler(request);
   const body = await response.text();
@@ -51,10 +80,13 @@ async function call(handler: (r: Request) => Promise<Response>, request: Request
 const cronRequest = (authorization?: string) =>
   new Request('https://app.example/api/cron', { headers: authorization ? { authorization } : {} });
 
+/** Where the tests' drain requests arrive: the endpoint their signatures are for. */
+const DRAIN_URL = 'https://app.example/api/drain';
+
 async function drainRequest(body = '', signature?: string, headers: Record<string, string> = {}) {
-  return new Request('https://app.example/api/drain', {
+  return new Request(DRAIN_URL, {
     method: 'POST',
-    headers: { [SIGNATURE_HEADER]: signature ?? (await signNudge(SECRET, body)), ...headers },
+    headers: { [SIGNATURE_HEADER]: signature ?? (await signNudge(SECRET, DRAIN_URL, body)), ...headers },
     body,
   });
 }
@@ -111,15 +143,130 @@ describe('the Vercel cron route (GET, Bearer CRON_SECRET)', () => {
   });
 
   it('caps a budget above the platform ceiling', async () => {
-    const greedy = createCronRoute(tasks, { env: { ...env, OUTLIVE_BUDGET_MS: String(VERCEL_BUDGET_MS * 10) }, write });
+    const ceiling = vercelBudgetMs(VERCEL_MAX_DURATION_S);
+    const greedy = createCronRoute(tasks, { env: { ...env, OUTLIVE_BUDGET_MS: String(ceiling * 10) }, write });
     const res = await call(greedy, cronRequest(`Bearer ${CRON_SECRET}`));
     expect(res.status).toBe(200);
-    expect(lines.some((l) => l.includes('"budget-capped"') && l.includes(`"budgetMs":${VERCEL_BUDGET_MS}`))).toBe(true);
+    expect(lines.some((l) => l.includes('"budget-capped"') && l.includes(`"budgetMs":${ceiling}`))).toBe(true);
+  });
+});
+
+describe('the budget of a pass on Vercel', () => {
+  it('is maxDuration less a cold start and a tenth, when Vercel does not tell the deadline', () => {
+    // 60 s (vercel.json): 10 s for a cold start, then a tenth of the 50 s left (5 s) for the last settles.
+    expect(vercelBudgetMs(60)).toBe(45_000);
+    expect(vercelBudgetMs(300)).toBe(261_000); // Hobby's largest maxDuration
+    expect(vercelBudgetMs(800)).toBe(711_000); // Pro's largest without the beta
+  });
+
+  it('follows the invocation\'s deadline when Vercel gives one, whatever maxDuration the route assumes', () => {
+    const now = Date.parse('2026-01-01T00:00:00Z');
+    expect(vercelBudgetMs(60, new Date(now + 30_000), now)).toBe(25_000);
+    expect(vercelBudgetMs(60, new Date(now + 300_000), now)).toBe(270_000);
+    expect(vercelBudgetMs(60, new Date(now + 4_000), now)).toBe(2_000);
+    // A deadline already passed (or too close to run anything) still gives a budget of at least 1 ms.
+    expect(vercelBudgetMs(60, new Date(now - 1_000), now)).toBe(1);
+  });
+
+  it('is what each route\'s pass gets, the drain in waitUntil included: its work shares maxDuration', async () => {
+    const open: FunctionsEnv = { ...env, OUTLIVE_BUDGET_MS: '' };
+    const pending: Promise<unknown>[] = [];
+    const from = lines.length;
+    expect((await call(createCronRoute(tasks, { env: open, write }), cronRequest(`Bearer ${CRON_SECRET}`))).status).toBe(200);
+    const drainRoute = createDrainRoute(tasks, { env: open, write, waitUntil: (work) => void pending.push(work) });
+    expect((await call(drainRoute, await drainRequest())).status).toBe(200);
+    expect((await call(drainRoute, await drainRequest('', undefined, { prefer: 'respond-async' }))).status).toBe(202);
+    await Promise.all(pending);
+    const longer = createCronRoute(tasks, { env: open, write, maxDuration: 300 });
+    expect((await call(longer, cronRequest(`Bearer ${CRON_SECRET}`))).status).toBe(200);
+    expect(budgetsLogged(from)).toEqual([
+      { trigger: 'cron', budgetMs: 45_000 },
+      { trigger: 'drain', budgetMs: 45_000 },
+      { trigger: 'drain', budgetMs: 45_000 },
+      { trigger: 'cron', budgetMs: 261_000 },
+    ]);
+  });
+
+  it('may be lowered by OUTLIVE_BUDGET_MS, never raised', async () => {
+    const from = lines.length;
+    const lower = createCronRoute(tasks, { env: { ...env, OUTLIVE_BUDGET_MS: '3000' }, write, maxDuration: 300 });
+    expect((await call(lower, cronRequest(`Bearer ${CRON_SECRET}`))).status).toBe(200);
+    const higher = createCronRoute(tasks, { env: { ...env, OUTLIVE_BUDGET_MS: '400000' }, write, maxDuration: 300 });
+    expect((await call(higher, cronRequest(`Bearer ${CRON_SECRET}`))).status).toBe(200);
+    expect(budgetsLogged(from)).toEqual([
+      { trigger: 'cron', budgetMs: 3_000 },
+      { trigger: 'cron', budgetMs: 261_000 },
+    ]);
+    expect(lines.slice(from).some((l) => l.includes('"budget-capped"') && l.includes('"requestedMs":400000'))).toBe(true);
   });
 });
 
 describe('the Vercel drain route (POST, signed)', () => {
-  it('runs the pass before answering, even when asked to answer at once', async () => {
+  it('answers a nudge at once (202) and runs the pass in waitUntil, then closes its pool', async () => {
+    const pending: Promise<unknown>[] = [];
+    const route = createDrainRoute(tasks, { env, write, waitUntil: (work) => void pending.push(work) });
+    const t = await enqueue(db.pool, defs.record, { n: 10, sleepMs: 300 });
+    const res = await call(route, await drainRequest('', undefined, { prefer: 'respond-async' }));
+    expect(res.status).toBe(202);
+    expect(res.headers.get('preference-applied')).toBe('respond-async');
+    // The pass and the pool's close, both left to run after the response.
+    expect(pending.length).toBeGreaterThanOrEqual(2);
+    await Promise.all(pending);
+    expect(await taskRow(db.pool, t.id)).toMatchObject({ state: 'succeeded', attempts: 1 });
+    await waitFor(async () => proxy.open === 0, 20_000, 'the pool to close');
+  });
+
+  it('still answers with the report when the request does not ask to answer at once', async () => {
+    const pending: Promise<unknown>[] = [];
+    const route = createDrainRoute(tasks, { env, write, waitUntil: (work) => void pending.push(work) });
+    const t = await enqueue(db.pool, defs.record, { n: 11 });
+    const res = await call(route, await drainRequest());
+    expect(res.status).toBe(200);
+    expect(res.json.report.succeeded).toBeGreaterThanOrEqual(1);
+    expect(await taskRow(db.pool, t.id)).toMatchObject({ state: 'succeeded' });
+    await Promise.all(pending);
+  });
+
+  it('uses Vercel\'s waitUntil, through @vercel/functions, when deployed on Vercel', async () => {
+    const route = createDrainRoute(tasks, { env: { ...env, VERCEL: '1', OUTLIVE_BUDGET_MS: '' }, write });
+    const t = await enqueue(db.pool, defs.record, { n: 12, sleepMs: 300 });
+    const from = lines.length;
+    let status = 0;
+    const handed = await onVercel(new Date(Date.now() + 30_000), async () => {
+      status = (await call(route, await drainRequest('', undefined, { prefer: 'respond-async' }))).status;
+    });
+    expect(status).toBe(202);
+    expect(handed.length).toBeGreaterThanOrEqual(2);
+    await Promise.all(handed);
+    expect(await taskRow(db.pool, t.id)).toMatchObject({ state: 'succeeded' });
+    // The budget follows the deadline Vercel gave the invocation: the 30 s left, less 5 s kept back.
+    const [pass] = budgetsLogged(from);
+    expect(pass!.budgetMs).toBeGreaterThan(23_000);
+    expect(pass!.budgetMs).toBeLessThanOrEqual(25_000);
+  });
+
+  it('on Vercel without @vercel/functions, answers when its pass is done, and says why once', async () => {
+    vi.resetModules();
+    vi.doMock('@vercel/functions', () => {
+      throw new Error("Cannot find package '@vercel/functions'");
+    });
+    try {
+      const fresh = await import('../../src/http/vercel.js');
+      const said: string[] = [];
+      const route = fresh.createDrainRoute(tasks, { env: { ...env, VERCEL: '1' }, write: (line) => said.push(line) });
+      const t = await enqueue(db.pool, defs.record, { n: 13 });
+      const first = await call(route, await drainRequest('', undefined, { prefer: 'respond-async' }));
+      expect(first.status).toBe(200);
+      expect(await taskRow(db.pool, t.id)).toMatchObject({ state: 'succeeded' });
+      expect((await call(route, await drainRequest('', undefined, { prefer: 'respond-async' }))).status).toBe(200);
+      expect(said.filter((l) => l.includes('"outlive":"vercel-functions-missing"'))).toHaveLength(1);
+    } finally {
+      vi.doUnmock('@vercel/functions');
+      vi.resetModules();
+    }
+  });
+
+  it('runs the pass before answering, even when asked to answer at once, where nothing can wait for it', async () => {
     const t = await enqueue(db.pool, defs.record, { n: 3 });
     const res = await call(POST, await drainRequest('', undefined, { prefer: 'respond-async' }));
     expect(res.status).toBe(200);
@@ -144,17 +291,17 @@ describe('the Vercel drain route (POST, signed)', () => {
 
   it('refuses unsigned, wrong and replayed requests and runs nothing', async () => {
     const t = await enqueue(db.pool, defs.record, { n: 6 });
-    const unsigned = await call(POST, new Request('https://app.example/api/drain', { method: 'POST', body: '' }));
+    const unsigned = await call(POST, new Request(DRAIN_URL, { method: 'POST', body: '' }));
     expect(unsigned.status).toBe(401);
     expect(unsigned.headers.get('www-authenticate')).toBe(SIGNATURE_HEADER);
-    expect((await call(POST, await drainRequest('', await signNudge('y'.repeat(40), '')))).status).toBe(401);
-    const signature = await signNudge(SECRET, '{}');
+    expect((await call(POST, await drainRequest('', await signNudge('y'.repeat(40), DRAIN_URL, '')))).status).toBe(401);
+    const signature = await signNudge(SECRET, DRAIN_URL, '{}');
     expect((await call(POST, await drainRequest('{}', signature))).status).toBe(200); // spends it, drains t
     expect(await taskRow(db.pool, t.id)).toMatchObject({ state: 'succeeded' });
     const u = await enqueue(db.pool, defs.record, { n: 7 });
     expect((await call(POST, await drainRequest('{}', signature))).status).toBe(403);
     expect(await taskRow(db.pool, u.id)).toMatchObject({ state: 'pending', attempts: 0 });
-    expect((await call(POST, new Request('https://app.example/api/drain'))).status).toBe(405);
+    expect((await call(POST, new Request(DRAIN_URL))).status).toBe(405);
   });
 
   it('refuses a body too large to be a nudge before reading it all or touching the database', async () => {
@@ -165,22 +312,25 @@ describe('the Vercel drain route (POST, signed)', () => {
 });
 
 describe('the nudge', () => {
-  // The drain route served over real HTTP, as an app on another platform reaches it.
-  const server = createServer(async (req, res) => {
-    const chunks: Buffer[] = [];
-    for await (const chunk of req) chunks.push(chunk as Buffer);
-    const headers = new Headers();
-    for (const [k, v] of Object.entries(req.headers)) if (typeof v === 'string') headers.set(k, v);
-    const response = await POST(
-      new Request(`http://127.0.0.1${req.url}`, { method: req.method, headers, body: req.method === 'POST' ? Buffer.concat(chunks) : null }),
-    );
-    const body = await response.text();
-    bodies.push(body);
-    const out: Record<string, string> = {};
-    response.headers.forEach((value, key) => (out[key] = value));
-    res.writeHead(response.status, out);
-    res.end(body);
-  });
+  /** A drain route served over real HTTP, as an app on another platform reaches it. */
+  const serve = (route: (request: Request) => Promise<Response>) =>
+    createServer(async (req, res) => {
+      const chunks: Buffer[] = [];
+      for await (const chunk of req) chunks.push(chunk as Buffer);
+      const headers = new Headers();
+      for (const [k, v] of Object.entries(req.headers)) if (typeof v === 'string') headers.set(k, v);
+      // The URL the nudge was sent to (host and port included): the endpoint its signature is for.
+      const response = await route(
+        new Request(`http://${req.headers.host}${req.url}`, { method: req.method, headers, body: req.method === 'POST' ? Buffer.concat(chunks) : null }),
+      );
+      const body = await response.text();
+      bodies.push(body);
+      const out: Record<string, string> = {};
+      response.headers.forEach((value, key) => (out[key] = value));
+      res.writeHead(response.status, out);
+      res.end(body);
+    });
+  const server = serve(POST);
   const listening = new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
   const drainUrl = async () => {
@@ -202,6 +352,25 @@ describe('the nudge', () => {
     expect(result).toEqual({ delivered: true, status: 200 });
     expect(await taskRow(db.pool, id)).toMatchObject({ state: 'succeeded' });
   });
+
+  it('is delivered at once when the drain runs in waitUntil, however long the pass (longer than the nudge\'s 5 s)', async () => {
+    // Three tasks of 2 s, one at a time: a pass of about 6 s.
+    const slowWork: Promise<unknown>[] = [];
+    const slow = createDrainRoute(tasks, { env: { ...env, OUTLIVE_CONCURRENCY: '1' }, write, waitUntil: (work) => void slowWork.push(work) });
+    const slowServer = serve(slow);
+    await new Promise<void>((resolve) => slowServer.listen(0, '127.0.0.1', resolve));
+    try {
+      const ids = (await Promise.all([20, 21, 22].map((n) => enqueue(db.pool, defs.record, { n, sleepMs: 2_000 })))).map((t) => t.id);
+      const started = Date.now();
+      const result = await nudge(`http://127.0.0.1:${(slowServer.address() as AddressInfo).port}/api/drain`, SECRET);
+      expect(result).toEqual({ delivered: true, status: 202 });
+      expect(Date.now() - started).toBeLessThan(4_000);
+      await Promise.all(slowWork);
+      for (const id of ids) expect(await taskRow(db.pool, id)).toMatchObject({ state: 'succeeded' });
+    } finally {
+      await new Promise<void>((resolve) => slowServer.close(() => resolve()));
+    }
+  }, 30_000);
 
   it('may be lost without harm: it reports the loss, and the next cron tick runs the task', async () => {
     const t = await enqueue(db.pool, defs.record, { n: 9 });
@@ -250,6 +419,49 @@ describe('the files Vercel deploys (api/)', () => {
       for (const k of Object.keys(process.env)) if (!(k in saved)) delete process.env[k];
       Object.assign(process.env, saved);
     }
+  });
+});
+
+describe('vercel.json', () => {
+  const root = new URL('../../', import.meta.url);
+  const config = JSON.parse(readFileSync(new URL('vercel.json', root), 'utf8')) as {
+    functions: Record<string, { maxDuration: number }>;
+    crons: { path: string; schedule: string }[];
+  };
+  const deploy = readFileSync(new URL('docs/deploy.md', root), 'utf8');
+  const vercelSection = deploy.slice(deploy.indexOf('## Deploy to Vercel'), deploy.indexOf('\n## ', deploy.indexOf('## Deploy to Vercel') + 1));
+
+  /** How many times a schedule fires on each UTC day it fires, over the next year. */
+  function firingsPerDay(schedule: string): number[] {
+    const runs = new Cron(schedule, { timezone: 'UTC', paused: true }).nextRuns(800, new Date('2027-01-01T00:00:00Z'));
+    const days = new Map<string, number>();
+    for (const run of runs) {
+      if (run.getTime() >= Date.parse('2028-01-01T00:00:00Z')) break;
+      const day = run.toISOString().slice(0, 10);
+      days.set(day, (days.get(day) ?? 0) + 1);
+    }
+    return [...days.values()];
+  }
+
+  it('deploys on the Hobby plan: each cron runs at most once a day, as docs/deploy.md says', () => {
+    expect(config.crons).toEqual([{ path: '/api/cron', schedule: expect.any(String) }]);
+    for (const { schedule } of config.crons) {
+      const perDay = firingsPerDay(schedule);
+      expect(perDay.length).toBeGreaterThan(300); // it does fire, about daily
+      expect(Math.max(...perDay)).toBe(1);
+      expect(vercelSection).toContain(`"schedule": "${schedule}"`);
+    }
+    expect(vercelSection).toMatch(/Hobby/);
+  });
+
+  it('documents the Pro variant: the same cron every minute', () => {
+    expect(vercelSection).toContain('"schedule": "* * * * *"');
+    expect(vercelSection).toMatch(/Pro/);
+  });
+
+  it('gives the routes the maxDuration they assume, which every plan allows (at most 300 s on Hobby)', () => {
+    expect(config.functions['api/*.ts']!.maxDuration).toBe(VERCEL_MAX_DURATION_S);
+    expect(VERCEL_MAX_DURATION_S).toBeLessThanOrEqual(300);
   });
 });
 

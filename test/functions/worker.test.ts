@@ -2,14 +2,16 @@
  * The Cloudflare Worker, bundled and run in Miniflare (workerd), reaching the
  * real PostgreSQL through the Neon WebSocket driver and a local proxy.
  */
+import { readFileSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { enqueue } from '../../src/write/enqueue.js';
+import { CPU_MS_DEFAULT, hourOrMoreApart, workerBudgetMs, workerLimitMs } from '../../src/http/cloudflare.js';
 import { nudge, signNudge, SIGNATURE_HEADER } from '../../src/http/nudge.js';
 import { freshDb } from '../support/db.js';
 import { definitions } from '../support/function-tasks.js';
 import { roleUrl, waitFor } from '../support/functions-db.js';
 import { createEffects, taskRow } from '../support/tasks.js';
-import { bundleWorker, startWorker, type RunningWorker } from '../support/worker.js';
+import { bundleWorker, COMPATIBILITY_DATE, startWorker, type RunningWorker } from '../support/worker.js';
 import { startWsProxy } from '../support/ws-proxy.js';
 
 const db = await freshDb();
@@ -56,7 +58,7 @@ async function text(response: Response): Promise<{ status: number; body: string;
 }
 
 async function drain(w: RunningWorker, body = '', headers: Record<string, string> = {}, signature?: string) {
-  const sig = signature ?? (await signNudge(SECRET, body));
+  const sig = signature ?? (await signNudge(SECRET, w.url('/drain'), body));
   return text(await w.fetch('/drain', { method: 'POST', headers: { [SIGNATURE_HEADER]: sig, ...headers }, body }));
 }
 
@@ -113,10 +115,10 @@ describe('the drain webhook (POST /drain)', () => {
     const attempts: [string, Promise<{ status: number; json: any }>][] = [
       ['unsigned', text(await main.fetch('/drain', { method: 'POST', body }))],
       ['malformed', drain(main, body, {}, 't=abc,n=x,v1=zz')],
-      ['wrong secret', drain(main, body, {}, await signNudge('x'.repeat(64), body))],
-      ['tampered body', drain(main, '{"queues":["other"]}', {}, await signNudge(SECRET, body))],
-      ['stale', drain(main, body, {}, await signNudge(SECRET, body, { now: new Date(Date.now() - 10 * 60_000) }))],
-      ['future', drain(main, body, {}, await signNudge(SECRET, body, { now: new Date(Date.now() + 10 * 60_000) }))],
+      ['wrong secret', drain(main, body, {}, await signNudge('x'.repeat(64), main.url('/drain'), body))],
+      ['tampered body', drain(main, '{"queues":["other"]}', {}, await signNudge(SECRET, main.url('/drain'), body))],
+      ['stale', drain(main, body, {}, await signNudge(SECRET, main.url('/drain'), body, { now: new Date(Date.now() - 10 * 60_000) }))],
+      ['future', drain(main, body, {}, await signNudge(SECRET, main.url('/drain'), body, { now: new Date(Date.now() + 10 * 60_000) }))],
     ];
     for (const [what, attempt] of attempts) {
       const res = await attempt;
@@ -135,7 +137,7 @@ describe('the drain webhook (POST /drain)', () => {
 
   it('refuses a replayed request with 403 and runs nothing', async () => {
     const first = await record(4);
-    const signature = await signNudge(SECRET, '');
+    const signature = await signNudge(SECRET, main.url('/drain'), '');
     const accepted = await drain(main, '', {}, signature);
     expect(accepted.status).toBe(200);
     expect(await taskRow(db.pool, first.id)).toMatchObject({ state: 'succeeded' });
@@ -270,6 +272,102 @@ describe('the cron trigger (scheduled)', () => {
     expect((await effectsOf([t.id]))[t.id]).toEqual(['started', 'attempt-2']);
     await next.dispose();
   }, 60_000);
+});
+
+describe('the budget of each event, from the limits Cloudflare documents', () => {
+  const cron = (expression: string) => ({ trigger: 'cron', cron: expression }) as const;
+  const drainIn = (background: boolean) => ({ trigger: 'drain', background }) as const;
+
+  it('gives a cron tick under an hour apart 25 s: its CPU limit is 30 s, whatever cpu_ms says', () => {
+    for (const expression of ['* * * * *', '*/5 * * * *', '0,30 * * * *', '15-20 * * * *']) {
+      for (const cpuMs of [undefined, 30_000, 300_000]) {
+        expect({ expression, cpuMs, budget: workerBudgetMs(cron(expression), cpuMs) }).toEqual({ expression, cpuMs, budget: 25_000 });
+      }
+    }
+  });
+
+  it('lets a tick an hour or more apart run up to the configured cpu_ms (its own limits are 15 min of CPU and of wall time)', () => {
+    expect(workerBudgetMs(cron('0 * * * *'))).toBe(25_000); // cpu_ms as wrangler.toml sets it, 30 s
+    expect(workerBudgetMs(cron('30 3 * * *'), 120_000)).toBe(108_000);
+    expect(workerBudgetMs(cron('0 */6 * * *'), 300_000)).toBe(270_000);
+    expect(workerLimitMs(cron('0 * * * *'), 300_000)).toBe(300_000);
+  });
+
+  it('gives a drain in waitUntil 25 s: its work is cut 30 s after the response, whatever cpu_ms says', () => {
+    for (const cpuMs of [undefined, 30_000, 300_000]) expect(workerBudgetMs(drainIn(true), cpuMs)).toBe(25_000);
+    expect(workerBudgetMs(drainIn(true), 10_000)).toBe(5_000); // a lower cpu_ms bounds it too
+  });
+
+  it('gives a drain whose caller waits the configured cpu_ms, less a tenth: its wall time is unlimited while the caller is connected', () => {
+    expect(workerBudgetMs(drainIn(false))).toBe(25_000);
+    expect(workerBudgetMs(drainIn(false), 300_000)).toBe(270_000);
+  });
+
+  it('reads a cron as an hour or more apart only when its minute is one number', () => {
+    for (const expression of ['0 * * * *', '59 23 LW * *', '0 17 * * sun', ' 5  */2 * * * ']) expect(hourOrMoreApart(expression)).toBe(true);
+    for (const expression of ['* * * * *', '*/30 * * * *', '0,30 * * * *', '0-1 * * * *', '60 * * * *', 'x * * * *', '0 * * *', '']) {
+      expect({ expression, hourly: hourOrMoreApart(expression) }).toEqual({ expression, hourly: false });
+    }
+  });
+
+  it('assumes the cpu_ms wrangler.toml sets, which makes a deploy on the Free plan fail rather than its passes', () => {
+    const toml = readFileSync(new URL('../../wrangler.toml', import.meta.url), 'utf8');
+    const limits = /^\[limits\]\s*\n(?:#.*\n|\s*\n)*cpu_ms\s*=\s*([\d_]+)/m.exec(toml);
+    expect(limits, 'wrangler.toml sets [limits] cpu_ms').not.toBeNull();
+    expect(Number(limits![1]!.replace(/_/g, ''))).toBe(CPU_MS_DEFAULT);
+    expect(toml).toContain(`compatibility_date = "${COMPATIBILITY_DATE}"`);
+  });
+
+  /** The passes a Worker logged, in order: why each ran and its budget. */
+  const passes = (w: RunningWorker) =>
+    w
+      .output()
+      .split('\n')
+      .filter((line) => line.includes('"outlive":"pass"'))
+      .map((line) => JSON.parse(line) as { trigger: string; budgetMs: number })
+      .map(({ trigger, budgetMs }) => ({ trigger, budgetMs }));
+
+  it('is what each event gets in workerd: the cron by its schedule, the drain by how it answers, both by OUTLIVE_CPU_MS', async () => {
+    const w = await worker({ OUTLIVE_CPU_MS: '120000' });
+    expect((await w.scheduled('* * * * *')).outcome).toBe('ok');
+    expect((await w.scheduled('0 * * * *')).outcome).toBe('ok');
+    expect((await drain(w)).status).toBe(200);
+    expect(await nudge(w.url('/drain'), SECRET)).toEqual({ delivered: true, status: 202 });
+    await waitFor(async () => passes(w).length === 4, 20_000, 'the nudged pass');
+    expect(passes(w)).toEqual([
+      { trigger: 'cron', budgetMs: 25_000 },
+      { trigger: 'cron', budgetMs: 108_000 },
+      { trigger: 'drain', budgetMs: 108_000 },
+      { trigger: 'drain', budgetMs: 25_000 },
+    ]);
+    await w.dispose();
+  });
+
+  it('may be lowered by OUTLIVE_BUDGET_MS, never raised', async () => {
+    const lower = await worker({ OUTLIVE_BUDGET_MS: '4000', OUTLIVE_CPU_MS: '120000' });
+    expect((await lower.scheduled('0 * * * *')).outcome).toBe('ok');
+    expect((await drain(lower)).status).toBe(200);
+    expect(passes(lower)).toEqual([
+      { trigger: 'cron', budgetMs: 4_000 },
+      { trigger: 'drain', budgetMs: 4_000 },
+    ]);
+    const higher = await worker({ OUTLIVE_BUDGET_MS: '600000' });
+    expect((await higher.scheduled('0 * * * *')).outcome).toBe('ok');
+    expect(passes(higher)).toEqual([{ trigger: 'cron', budgetMs: 25_000 }]);
+    expect(higher.output()).toMatch(/"outlive":"budget-capped".*"requestedMs":600000,"budgetMs":25000/);
+    await lower.dispose();
+    await higher.dispose();
+  });
+
+  it('refuses an OUTLIVE_CPU_MS that Cloudflare would not accept as cpu_ms, naming the setting', async () => {
+    for (const value of ['300001', 'abc', '0']) {
+      const w = await worker({ OUTLIVE_CPU_MS: value });
+      expect({ value, status: (await drain(w)).status }).toEqual({ value, status: 500 });
+      expect((await w.scheduled()).outcome).not.toBe('ok');
+      await waitFor(async () => w.output().includes('OUTLIVE_CPU_MS'), 10_000, 'the setting to be named');
+      await w.dispose();
+    }
+  });
 });
 
 describe('secrets', () => {
