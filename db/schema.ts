@@ -169,6 +169,21 @@ export const recounts = outlive.table('recounts', {
 });
 
 /**
+ * One row per pass that holds tasks for longer than a moment: the pass's
+ * lease. A running task is held while its own claim-time lease
+ * (`tasks.lease_expires_at`) or its pass's lease here has not expired, so a
+ * pass keeps 1,000 slow tasks alive by beating this one row, not theirs
+ * (docs/benchmarks.md, "Liveness"). Written by the pass's lease watch
+ * (src/pass/lease-watch.ts), deleted when the pass ends or by recovery once
+ * expired.
+ */
+export const leases = outlive.table('leases', {
+  owner: text('owner').primaryKey(),
+  expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
+  createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+});
+
+/**
  * The task names passes were given, and when a pass last said so. A pass
  * claims only names it can run; this is how `explainRun`, the CLI and the
  * dashboard tell a ready task nobody can run from one waiting its turn.

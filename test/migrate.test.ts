@@ -129,6 +129,50 @@ describe('migrate', () => {
     }
   });
 
+  it('carries tasks running under per-task leases (0010) over to pass leases (0011): the dead pass’s row is recovered and runs once, the live one is left to its pass', async () => {
+    const { url, drop } = await emptyDatabase();
+    const c = new pg.Client({ connectionString: url });
+    await c.connect();
+    try {
+      await migrateUpTo(c, 10);
+      // dead: its pass died, its lease expired; alive: a pass of the previous
+      // release still runs it, extending its row's lease; ready: pending.
+      const { rows } = await c.query(
+        `INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms, state, attempts, lease_owner, lease_expires_at, started_at)
+         VALUES ('inflight', '{"k":"dead"}', 3, 10000, 'running', 1, 'old-dead', now() - interval '1 second', now() - interval '1 minute'),
+                ('inflight', '{"k":"alive"}', 3, 10000, 'running', 1, 'old-alive', now() + interval '1 hour', now() - interval '1 minute'),
+                ('inflight', '{"k":"ready"}', 3, 10000, 'pending', 0, NULL, NULL, NULL)
+         RETURNING id::text, input->>'k' AS k`,
+      );
+      const id = Object.fromEntries(rows.map((r: { id: string; k: string }) => [r.k, r.id]));
+      await migrate(url);
+      const { tick, recover, defineTask } = await import('../src/index.js');
+      const { z } = await import('zod');
+      const ran: string[] = [];
+      const inflight = defineTask({ name: 'inflight', input: z.object({ k: z.string() }), timeoutMs: 10_000, run: ({ k }) => void ran.push(k) });
+      const pool = new pg.Pool({ connectionString: url });
+      try {
+        const first = await tick(pool, { tasks: [inflight] });
+        expect(first).toMatchObject({ recovered: 1, succeeded: 1 });
+        // The recovered attempt backs off 1 s: a pass after that runs it.
+        const later = new Date(Date.now() + 5_000);
+        await tick(pool, { tasks: [inflight], now: later });
+        expect(ran.sort()).toEqual(['dead', 'ready']);
+        const state = async (k: string) => (await c.query(`SELECT state::text, attempts, lease_owner FROM outlive.tasks WHERE id = $1`, [id[k]])).rows[0];
+        expect(await state('dead')).toEqual({ state: 'succeeded', attempts: 2, lease_owner: null });
+        // Still its old pass's while that pass extends its row.
+        expect(await state('alive')).toEqual({ state: 'running', attempts: 1, lease_owner: 'old-alive' });
+        // Once that pass is gone too, its row is recovered like any other.
+        expect((await recover(pool, { now: new Date(Date.now() + 2 * 3_600_000) })).rows.map((r) => r.id)).toEqual([id.alive]);
+      } finally {
+        await pool.end();
+      }
+    } finally {
+      await c.end();
+      await drop();
+    }
+  });
+
   // migrate() applies the files itself (an app need not have drizzle-orm);
   // databases migrated by earlier releases used drizzle's migrator.
   it("records each file as drizzle's migrator does, so either one goes on from where the other stopped", async () => {

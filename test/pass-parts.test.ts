@@ -38,7 +38,7 @@ function counting(): { pool: PoolLike; sent: string[] } {
 }
 
 describe('the lease watch', () => {
-  it('looks only at tasks running longer than one interval, and aborts the handler of a row it lost', async () => {
+  it('looks only at tasks running longer than one interval, holds them through one lease row without writing theirs, and aborts the handler of a row it lost', async () => {
     const [a, b] = await claimed(2);
     const { pool, sent } = counting();
     const watch = new LeaseWatch(toExecutor(pool), lease, 60_000);
@@ -53,15 +53,39 @@ describe('the lease watch', () => {
       short.track(a!.id, abortA);
       await new Promise((r) => setTimeout(r, 5));
       await db.pool.query(`UPDATE outlive.tasks SET state = 'cancelled', lease_owner = NULL WHERE id = $1`, [b!.id]);
-      // a's lease nearly spent: the check extends it to its timeout (15 s) plus the grace.
-      await db.pool.query(`UPDATE outlive.tasks SET lease_expires_at = now() + interval '1 second' WHERE id = $1`, [a!.id]);
+      const rowVersion = async () => (await db.rows<{ v: string }>(`SELECT xmin::text AS v FROM outlive.tasks WHERE id = $1`, [a!.id]))[0]!.v;
+      const before = await rowVersion();
       await short.check();
-      await short.stop();
+      await short.check();
       expect(abortB.aborted).toBe(true);
       expect(abortB.reason).toBeInstanceOf(LeaseLostError);
       expect(abortA.aborted).toBe(false);
-      const [row] = await db.rows<{ later: boolean }>(`SELECT lease_expires_at > now() + interval '10 seconds' AS later FROM outlive.tasks WHERE id = $1`, [a!.id]);
+      // The pass's lease: leaseMs plus the grace from now, written once for both checks.
+      const [row] = await db.rows<{ later: boolean }>(`SELECT expires_at > now() + interval '25 seconds' AS later FROM outlive.leases WHERE owner = $1`, [lease.owner]);
       expect(row!.later).toBe(true);
+      expect(sent.filter((s) => s.startsWith('INSERT INTO outlive.leases'))).toHaveLength(1);
+      // a's row itself was not written.
+      expect(await rowVersion()).toBe(before);
+      await short.stop();
+      // A pass that ends lets its lease go.
+      expect(await db.rows(`SELECT 1 FROM outlive.leases WHERE owner = $1`, [lease.owner])).toEqual([]);
+    } finally {
+      await watch.stop();
+    }
+  });
+
+  it('ctx.heartbeat() renews the pass lease at most once a check interval and says whether the row is still held', async () => {
+    const [c] = await claimed(1, 'beating');
+    const { pool, sent } = counting();
+    const watch = new LeaseWatch(toExecutor(pool), { ...lease, owner: 'beating' }, 60_000);
+    try {
+      const abort = watch.track(c!.id);
+      const row = { ...c! };
+      for (let i = 0; i < 5; i++) expect(await watch.heartbeat(row, abort)).toBe(true);
+      expect(sent.filter((s) => s.startsWith('INSERT INTO outlive.leases'))).toHaveLength(1);
+      await db.pool.query(`UPDATE outlive.tasks SET state = 'cancelled', lease_owner = NULL WHERE id = $1`, [c!.id]);
+      expect(await watch.heartbeat(row, abort)).toBe(false);
+      expect(abort.reason).toBeInstanceOf(LeaseLostError);
     } finally {
       await watch.stop();
     }

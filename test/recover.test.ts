@@ -259,3 +259,46 @@ describe('heartbeats', () => {
     expect((await recover(db.pool, { now: later(301) })).rows.map((r) => r.id)).toEqual([orphan]);
   });
 });
+
+describe('pass leases', () => {
+  it('hold a pass’s long tasks through one row: their own rows are not rewritten while they wait, and none is recovered', async () => {
+    await clear();
+    const wait = defineTask({ name: 'long-wait', input: z.object({ i: z.number() }), timeoutMs: 60_000, run: () => new Promise((r) => setTimeout(() => r('done'), 1_200)) });
+    for (let i = 0; i < 20; i++) await enqueue(db.pool, wait, { i });
+    // Claim-time leases of 200 ms + 100 ms grace, checks every 50 ms: the rows' own leases expire at once.
+    const pass = tick(db.pool, { tasks: [wait], budgetMs: 120_000, concurrency: 20, leaseMs: 200, leaseGraceMs: 100, leaseCheckMs: 50 });
+    const versions = async () => (await db.rows<{ v: string }>(`SELECT xmin::text || ':' || id AS v FROM outlive.tasks WHERE state = 'running' ORDER BY id`)).map((r) => r.v);
+    await new Promise((r) => setTimeout(r, 300));
+    const before = await versions();
+    expect(before).toHaveLength(20);
+    let recovered = 0;
+    for (let i = 0; i < 6; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      recovered += (await recover(db.pool)).rows.length;
+    }
+    expect(await versions()).toEqual(before);
+    expect(await db.rows(`SELECT owner FROM outlive.leases`)).toHaveLength(1);
+    expect(recovered).toBe(0);
+    expect(await pass).toMatchObject({ succeeded: 20, lostLeases: 0 });
+    // The pass let its lease go.
+    expect(await db.rows(`SELECT owner FROM outlive.leases`)).toEqual([]);
+  });
+
+  it('recover the tasks of a pass whose lease expired, and delete the expired lease', async () => {
+    await clear();
+    const wait = defineTask({ name: 'orphaned', input: z.object({}), timeoutMs: 60_000, run: () => 'never' });
+    const { id } = await enqueue(db.pool, wait, {});
+    const t1 = new Date(Date.now() + 60_000);
+    const later = (ms: number) => new Date(t1.getTime() + ms);
+    const { claim } = await import('../src/pass/claim.js');
+    const { toExecutor } = await import('../src/db/executor.js');
+    const { withPreparedStatements } = await import('../src/db/statements.js');
+    expect(await claim(toExecutor(withPreparedStatements(db.pool)), { owner: 'died', limit: 1, maxTimeoutMs: 120_000, queues: null, names: [wait.name], leaseGraceMs: 100, leaseMs: 200, now: t1 })).toHaveLength(1);
+    // Its pass had renewed its lease to t1 + 1 s before it died.
+    await db.pool.query(`INSERT INTO outlive.leases (owner, expires_at) VALUES ('died', $1)`, [later(1_000)]);
+    expect((await recover(db.pool, { now: later(500) })).rows).toHaveLength(0);
+    expect((await recover(db.pool, { now: later(1_001) })).rows.map((r) => r.id)).toEqual([id]);
+    expect(await db.rows(`SELECT owner FROM outlive.leases`)).toEqual([]);
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'pending', attempts: 1, lease_owner: null });
+  });
+});

@@ -5,7 +5,7 @@ import { claim } from '../src/pass/claim.js';
 import { toExecutor, type PoolLike } from '../src/db/executor.js';
 import { withPreparedStatements } from '../src/db/statements.js';
 import { DROP_SQL, settle, SETTLE_RUN_TASKS_SQL, SETTLE_SQL, SUCCEED_RUN_TASKS_SQL, SUCCEED_SQL } from '../src/pass/settle.js';
-import { HEARTBEAT_SQL } from '../src/pass/tick.js';
+import { LOST_SQL } from '../src/pass/lease-watch.js';
 import { freshDb } from './support/db.js';
 import { fanOut, taskRow } from './support/tasks.js';
 
@@ -27,7 +27,7 @@ function tasksRowsRead(node: Record<string, unknown>): number {
   return rows;
 }
 
-/** SQL literals of the parameters with which the settle statements (and the heartbeat) settle `tasks` as successes under `owner`. */
+/** SQL literals of the parameters with which the settle statements (and the lease check) settle `tasks` as successes under `owner`. */
 function settleArgs(tasks: readonly { id: string }[], owner: string) {
   const list = (f: (id: string) => string) => `'{${tasks.map((t) => f(t.id)).join(',')}}'`;
   const ids = list((id) => id);
@@ -36,7 +36,7 @@ function settleArgs(tasks: readonly { id: string }[], owner: string) {
     succeed: `NULL, ${ids}, ${nulls}, '${owner}'`,
     settle: `NULL, ${ids}, ${list(() => 'succeeded')}, ${nulls}, ${nulls}, ${list(() => '0')}, ${nulls}, '${owner}'`,
     drop: `${ids}, '${owner}'`,
-    heartbeat: `${ids}, '${owner}', NULL, 30000, 5000`,
+    lost: `${ids}, '${owner}'`,
   };
 }
 
@@ -370,7 +370,7 @@ describe('settle plans', () => {
         ['SETTLE_SQL', SETTLE_SQL, a.settle],
         ['SUCCEED_RUN_TASKS_SQL', SUCCEED_RUN_TASKS_SQL, a.succeed],
         ['DROP_SQL', DROP_SQL, a.drop],
-        ['HEARTBEAT_SQL', HEARTBEAT_SQL, a.heartbeat],
+        ['LOST_SQL', LOST_SQL, a.lost],
       ];
       for (const mode of ['force_custom_plan', 'force_generic_plan']) {
         await client.query(`SET plan_cache_mode = ${mode}`);

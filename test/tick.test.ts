@@ -131,7 +131,7 @@ describe('a pass that returns', () => {
         inFlight++;
         try {
           const text = typeof args[0] === 'string' ? args[0] : (args[0] as { text: string }).text;
-          if (text.includes('lease_expires_at = greatest')) {
+          if (text.includes('outlive.leases') || text.includes('t.lease_owner = $2')) {
             heartbeats++;
             await new Promise((r) => setTimeout(r, 250));
           }

@@ -240,14 +240,21 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
         case 'backdate': {
           // A lease that expires while its handler still runs (a GC pause, a
           // frozen VM): the next recovery hands the task back, the handler
-          // finishes late, and its settle must match no row.
+          // finishes late, and its settle must match no row. A row is held
+          // by its own lease or its pass's, so both are backdated.
           const k = faultRng.int(1, 5);
           const r = await pool.query(
-            `UPDATE outlive.tasks SET lease_expires_at = now() - interval '1 millisecond'
-             WHERE id IN (SELECT id FROM outlive.tasks WHERE state = 'running' ORDER BY md5(id::text || $1) LIMIT $2)`,
+            `WITH hit AS (
+               UPDATE outlive.tasks SET lease_expires_at = now() - interval '1 millisecond'
+               WHERE id IN (SELECT id FROM outlive.tasks WHERE state = 'running' ORDER BY md5(id::text || $1) LIMIT $2)
+               RETURNING lease_owner
+             ), passes AS (
+               UPDATE outlive.leases SET expires_at = now() - interval '1 millisecond' WHERE owner IN (SELECT lease_owner FROM hit)
+             )
+             SELECT count(*)::int AS n FROM hit`,
             [String(faultRng.next()), k],
           );
-          log(`fault: backdated ${r.rowCount} leases`);
+          log(`fault: backdated ${r.rows[0].n} leases`);
           return;
         }
         case 'cronStorm': {

@@ -40,7 +40,8 @@ SELECT id::text, name, state::text, error, failed_task_id::text, created_at, fin
 FROM outlive.runs WHERE id = $1`;
 
 const TASKS_SQL = `
-SELECT t.id::text, t.step, t.name, t.state::text, t.attempts, t.max_attempts, t.run_at, t.lease_expires_at, t.last_error,
+SELECT t.id::text, t.step, t.name, t.state::text, t.attempts, t.max_attempts, t.run_at,
+       greatest(t.lease_expires_at, (SELECT l.expires_at FROM outlive.leases l WHERE l.owner = t.lease_owner)) AS lease_expires_at, t.last_error,
        CASE WHEN t.state = 'pending' AND t.waiting_on > 0 THEN
          coalesce((SELECT array_agg(p.step ORDER BY p.id) FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
                    WHERE d.task_id = t.id AND p.state <> 'succeeded'), '{}')

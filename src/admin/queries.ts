@@ -162,7 +162,10 @@ export interface TaskDetail extends TaskSummary {
 export async function getTask(db: Database, id: string): Promise<TaskDetail | null> {
   const q = exec(db);
   const [row] = await q.query(
-    `SELECT ${TASK_COLUMNS}, priority, input, output, timeout_ms, key, lease_owner, lease_expires_at, started_at, updated_at, errors
+    // A running task is held until the later of its own lease and its pass's.
+    `SELECT ${TASK_COLUMNS}, priority, input, output, timeout_ms, key, lease_owner,
+            greatest(lease_expires_at, (SELECT l.expires_at FROM outlive.leases l WHERE l.owner = lease_owner)) AS lease_expires_at,
+            started_at, updated_at, errors
      FROM outlive.tasks WHERE id = $1`,
     [id],
   );

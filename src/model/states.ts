@@ -17,9 +17,10 @@ export const TASK_STATES = [
    */
   'pending',
   /**
-   * Claimed by a pass that holds its lease (`lease_owner`, until
-   * `lease_expires_at`). In: a claim. Out: the pass's settle, recovery once
-   * the lease expired, a cancel.
+   * Claimed by a pass that holds it (`lease_owner`) until the later of its
+   * own claim-time lease (`lease_expires_at`) and its pass's lease
+   * (`outlive.leases`). In: a claim. Out: the pass's settle, recovery once
+   * both expired, a cancel.
    */
   'running',
   /** Final: an attempt returned; its output is kept (or the row deleted, for `keepSucceeded: false`). In: a settle. */

@@ -17,18 +17,28 @@ export interface RecoverReport {
   rows: SettledRow[];
 }
 
-// The lock (FOR UPDATE SKIP LOCKED) and the recheck of state and lease in the
-// UPDATE make this a compare-and-set: a completion that commits first leaves a
-// row that no longer matches, so a recovery racing a completion never
-// overwrites it. The expired attempt counts as a failed one; its next attempt
-// backs off exponentially from 1 s (the task's own policy is code, not a row).
+// A running row is held while its own lease (written by its claim) or its
+// pass's lease (outlive.leases, renewed by the pass while it runs long
+// tasks) lives; recovery takes rows where both have expired. The lock (FOR
+// UPDATE SKIP LOCKED) and the recheck in the UPDATE make this a
+// compare-and-set: a completion that commits first leaves a row that no
+// longer matches, so a recovery racing a completion never overwrites it. A
+// pass lease renewed after this statement's snapshot does not save the row:
+// its pass let it expire, and its late settle is dropped. The expired attempt
+// counts as a failed one; its next attempt backs off exponentially from 1 s
+// (the task's own policy is code, not a row). Expired pass leases are
+// deleted on the way: they hold nothing.
 export const RECOVER_SQL = `
 WITH expired AS (
-  SELECT id FROM outlive.tasks
-  WHERE state = 'running' AND lease_expires_at < coalesce($1::timestamptz, now())
-  ORDER BY lease_expires_at
+  SELECT t.id FROM outlive.tasks t
+  WHERE t.state = 'running' AND t.lease_expires_at < coalesce($1::timestamptz, now())
+    AND NOT EXISTS (SELECT 1 FROM outlive.leases l WHERE l.owner = t.lease_owner AND l.expires_at >= coalesce($1::timestamptz, now()))
+  ORDER BY t.lease_expires_at
   LIMIT $2
-  FOR UPDATE SKIP LOCKED
+  FOR UPDATE OF t SKIP LOCKED
+),
+gone AS (
+  DELETE FROM outlive.leases WHERE expires_at < coalesce($1::timestamptz, now())
 )
 UPDATE outlive.tasks t
 SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'pending' END::outlive.task_state,

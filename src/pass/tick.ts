@@ -62,9 +62,10 @@ export interface TickOptions {
   /** Lease time beyond a task's timeout, for its settle to land. Default 5 s. */
   leaseGraceMs?: number;
   /**
-   * The longest lease a claim takes (plus the grace). Tasks with longer
-   * timeouts are kept alive by the pass's heartbeat every `leaseCheckMs`, so
-   * a task whose pass died is recovered within one lease. Default 30 s.
+   * The longest lease a claim takes (plus the grace). Past it, the pass
+   * holds its tasks through its own lease (one row of `outlive.leases`,
+   * renewed every half lease while it runs them), so a task whose pass died
+   * is recovered within one lease, not one timeout. Default 30 s.
    */
   leaseMs?: number;
   /** Time kept back at the end of the budget for the last settles. Default 250 ms. */
@@ -89,9 +90,10 @@ export interface TickOptions {
    */
   wakeups?: EventTarget;
   /**
-   * How often the pass beats the heart of the tasks it has been running for a
-   * while: extends the leases it still holds, and fires the signal of those
-   * it lost (cancelled, recovered). Default 1 s.
+   * How often the pass looks at the tasks it has been running for a while:
+   * renews its own lease when half of it is spent, and fires the signal of
+   * the tasks it lost (cancelled, recovered), read without writing them.
+   * Default 1 s.
    */
   leaseCheckMs?: number;
 }
@@ -133,7 +135,7 @@ export class PassError extends OutliveError {
   }
 }
 
-export { LeaseLostError, HEARTBEAT_SQL } from './lease-watch.js';
+export { LeaseLostError } from './lease-watch.js';
 
 function positiveInt(name: string, value: number | undefined, fallback: number): number {
   return checkWhole(`tick option ${name}`, value ?? fallback, { min: 1 });
