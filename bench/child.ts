@@ -93,16 +93,18 @@ let lastRunAt: number | null = null;
 let latencies: number[] = [];
 let progressTimer: ReturnType<typeof setInterval> | null = null;
 
-function runJob(payload: Payload): void {
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, Math.max(0, ms)));
+
+/** Counts a job as its handler starts; a job with `sleepMs` then waits that long before it is done. */
+function runJob(payload: Payload): void | Promise<void> {
   const now = epochMs();
   firstRunAt ??= now;
   lastRunAt = now;
   ran++;
   if (payload.i >= 0 && payload.i < runCounts.length && runCounts[payload.i]! < 255) runCounts[payload.i]!++;
   if (typeof payload.t === 'number') latencies.push(now - payload.t);
+  if (typeof payload.sleepMs === 'number' && payload.sleepMs > 0) return sleep(payload.sleepMs);
 }
-
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, Math.max(0, ms)));
 
 const ops: Record<string, (args: Record<string, unknown>) => Promise<unknown>> = {
   async hello({ concurrency }) {
@@ -131,9 +133,11 @@ const ops: Record<string, (args: Record<string, unknown>) => Promise<unknown>> =
     }
     return { ms: performance.now() - started };
   },
-  async enqueueBulk({ from, count, chunk }) {
+  async enqueueBulk({ from, count, chunk, sleepMs }) {
     const payloads: Payload[] = [];
-    for (let k = 0; k < (count as number); k++) payloads.push({ i: (from as number) + k });
+    for (let k = 0; k < (count as number); k++) {
+      payloads.push(typeof sleepMs === 'number' ? { i: (from as number) + k, sleepMs } : { i: (from as number) + k });
+    }
     const started = performance.now();
     for (let k = 0; k < payloads.length; k += chunk as number) {
       await driver.enqueueMany(payloads.slice(k, k + (chunk as number)));

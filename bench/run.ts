@@ -25,6 +25,7 @@ import {
   serverless,
   enqueueSingle,
   latency,
+  liveness,
   prepareTemplate,
   templateOf,
   type Context,
@@ -77,6 +78,8 @@ const STEPS: Step[] = [
   { phases: ['dag'], systems: ['outlive'], run: async (ctx, s) => [await dag(ctx, s, false)] },
   { phases: ['dag-spawn'], systems: ['outlive'], run: async (ctx, s) => [await dag(ctx, s, true)] },
   { phases: ['serverless'], systems: ['outlive'], run: async (ctx, s) => [await serverless(ctx, s)] },
+  // outlive-drop sits it out (takesPart): the jobs are still waiting, so how a success settles does not come in.
+  { phases: ['liveness'], systems: ['outlive', 'graphile-worker', 'pg-boss'], run: async (ctx, s) => [await liveness(ctx, s)] },
 ];
 
 function fmt(n: number): string {
@@ -93,11 +96,23 @@ function line(r: PhaseResult): string {
   else if (r.phase === 'claim') main = `claim of 10: ${fmt(m.finishedP50!)} ms with finished rows, ${fmt(m.pendingP50!)} ms with pending rows`;
   else if (r.phase.startsWith('dag')) main = `startRun ${fmt(m.startRunMs!)} ms, then ${fmt(m.tasksPerSec!)} tasks/s`;
   else if (r.phase === 'serverless') main = `${fmt(m.tasksPerSec!)} tasks/s in ${m.passes} pass(es), ${fmt(m.messagesPerTask!)} WebSocket messages/task`;
-  else main = `${fmt(m.tasksPerSec!)} tasks/s`;
+  else if (r.phase === 'liveness') {
+    // First the exact counts from the WAL records of this database (pg_walinspect), where
+    // the server has them; then what pg_stat_user_tables (which can lag a write by up to
+    // 10 s) and the server-wide WAL position (pg_current_wal_lsn) say.
+    const exact = (label: string, rows: number | undefined, hot: number | undefined, kb: number | undefined) =>
+      rows === undefined ? `${label}: WAL records not counted` : `${label}: ${fmt(rows)} row writes/s (${fmt(hot!)} HOT), this database's WAL ${fmt(kb!)} kB/s`;
+    main =
+      `${exact(`window ${fmt(m.windowSec!)} s`, m.walRowWritesPerSec, m.walHotPerSec, m.dbWalKBPerSec)}; ` +
+      `${exact(`whole wait ${fmt(m.waitSec!)} s`, m.waitWalRowWritesPerSec, m.waitWalHotPerSec, m.waitDbWalKBPerSec)} (from the WAL records)` +
+      `\n    pg_stat_user_tables: window ${fmt(m.writesPerSec!)} row writes/s (${fmt(m.hotWritesPerSec!)} HOT), whole wait ${fmt(m.waitWritesPerSec!)} ` +
+      `(${fmt(m.waitHotWritesPerSec!)} HOT); server-wide WAL (pg_current_wal_lsn): window ${fmt(m.walKBPerSec!)} kB/s, whole wait ${fmt(m.waitWalKBPerSec!)} kB/s`;
+  } else main = `${fmt(m.tasksPerSec!)} tasks/s`;
   const per = m.queriesPerTask !== undefined
     ? ` | ${fmt(m.queriesPerTask)} queries, ${fmt(m.commitsPerTask!)} commits/task, PG CPU ${m.pgCpuMsPer1k === undefined ? '?' : fmt(m.pgCpuMsPer1k)} ms/1k`
     : '';
-  return `${head} ${main}${per}${r.error ? `\n    ERROR: ${r.error}` : ''}`;
+  const notes = (r.notes ?? []).map((n) => `\n    ${n}`).join('');
+  return `${head} ${main}${per}${notes}${r.error ? `\n    ERROR: ${r.error}` : ''}`;
 }
 
 async function main(): Promise<void> {

@@ -28,6 +28,12 @@ export interface Sizes {
   dagLeaves: number;
   /** Jobs drained through the Cloudflare Worker in Miniflare. */
   serverlessTasks: number;
+  /** Liveness phase: jobs run at once by one process (its concurrency is this too). */
+  livenessTasks: number;
+  /** How long each liveness job's handler waits before it returns, in ms. */
+  livenessSleepMs: number;
+  /** The measured window while they all wait, in ms (it must end before the first of them can finish). */
+  livenessWindowMs: number;
 }
 
 /** The issue's sizes (issue 7). */
@@ -47,6 +53,9 @@ export const FULL: Sizes = {
   claimLimit: 10,
   dagLeaves: 10_000,
   serverlessTasks: 5_000,
+  livenessTasks: 1_000,
+  livenessSleepMs: 20_000,
+  livenessWindowMs: 10_000,
 };
 
 /** A few hundred jobs, one round: keeps the harness from rotting in CI; its numbers mean nothing. */
@@ -66,6 +75,11 @@ export const SMOKE: Sizes = {
   claimLimit: 10,
   dagLeaves: 200,
   serverlessTasks: 100,
+  // 5 s, not 2: the window starts 1.5 s after all are running (statistics
+  // flush, see lib/phases.ts) and must end before the first job can finish.
+  livenessTasks: 20,
+  livenessSleepMs: 5_000,
+  livenessWindowMs: 1_000,
 };
 
 /** The phases, in the order a round runs them. */
@@ -80,6 +94,7 @@ export const PHASES = [
   'dag',
   'dag-spawn',
   'serverless',
+  'liveness',
 ] as const;
 export type PhaseName = (typeof PHASES)[number];
 
@@ -121,7 +136,8 @@ const USAGE = `usage: npm run bench -- [options]
   --scale F           multiply every job count by F (e.g. 0.2 for a quicker look)
   --phases a,b        only these phases: ${PHASES.join(', ')}
   --systems a,b       only these systems: ${SYSTEMS.join(', ')}
-                      (outlive-drop, outlive deleting succeeded rows, runs drain-1, drain-2, latency only)
+                      (outlive-drop, outlive deleting succeeded rows, runs drain-1, drain-2, latency only;
+                      liveness runs outlive, graphile-worker and pg-boss)
   --docs / --no-docs  write docs/benchmarks.md and its images (default: on, off with --smoke)
   --note TEXT         a note to print above the results
   --from FILE         measure nothing: rewrite docs/benchmarks.md from a saved run (bench/results/*.json)
@@ -206,6 +222,7 @@ export function parseArgs(argv: readonly string[]): Options {
     claimPending: scaled(base.claimPending),
     dagLeaves: scaled(base.dagLeaves),
     serverlessTasks: scaled(base.serverlessTasks),
+    livenessTasks: scaled(base.livenessTasks),
   };
   return {
     smoke,

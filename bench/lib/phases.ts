@@ -41,6 +41,8 @@ export interface PhaseResult {
   detail?: string;
   /** Statements the system's processes sent in the window, most frequent first. */
   statements?: StatementStat[];
+  /** Lines printed under the phase's result (the liveness phase: the recovery promise, the server's other activity). */
+  notes?: string[];
 }
 
 /** Merges the statement counts of several processes. */
@@ -227,7 +229,8 @@ async function runToEmpty(
   probe: Probe,
   n: number,
   timeoutMs: number,
-  beforeWait: () => Promise<void> = async () => undefined,
+  beforeWait: (goAt: number) => Promise<void> = async () => undefined,
+  concurrency = ctx.sizes.concurrency,
 ): Promise<{ goAt: number; doneAt: number }> {
   const deadline = performance.now() + timeoutMs;
   const ranSoFar = () => children.reduce((s, c) => s + c.ran, 0);
@@ -238,8 +241,8 @@ async function runToEmpty(
     for (const c of children) c.onProgress = check;
   });
   const goAt = epochMs();
-  await Promise.all(children.map((c) => c.call('startWorker', { concurrency: ctx.sizes.concurrency, size: n })));
-  await beforeWait();
+  await Promise.all(children.map((c) => c.call('startWorker', { concurrency, size: n })));
+  await beforeWait(goAt);
   let timer: ReturnType<typeof setTimeout> | undefined;
   const timedOut = new Promise<never>((_, reject) => {
     timer = setTimeout(() => reject(new Error(`only ${ranSoFar()} of ${n} jobs ran within ${timeoutMs} ms`)), timeoutMs);
@@ -509,3 +512,457 @@ export async function serverless(ctx: Context, system: SystemName): Promise<Phas
   };
 }
 
+
+/**
+ * What each system promises about the jobs of a worker that dies mid-job,
+ * printed with the liveness phase: the other half of what its writes while
+ * waiting buy. pg-boss's jobs in that phase are sent with a per-job heartbeat
+ * (systems/pgboss.ts) so that its promise is comparable with outlive's.
+ */
+export const RECOVERY: Partial<Record<SystemName, string>> = {
+  outlive: "a dead pass's tasks are recovered within one lease (35 s)",
+  'graphile-worker': "a crashed worker's jobs wait 4 hours (locked_at timeout)",
+  'pg-boss':
+    'jobs sent with heartbeatSeconds: 30 (pg-boss 12 per-job heartbeat; the worker refreshes heartbeat_on every 15 s, heartbeatSeconds / 2): ' +
+    "the supervisor (every 60 s) fails and retries a job whose heartbeat is over 30 s old, so a dead worker's jobs are recovered within 30-90 s; " +
+    'without a heartbeat only expireInSeconds (default 900 s) bounds an active job',
+};
+
+/**
+ * How long after all the liveness jobs are running the window opens. A
+ * backend adds its table counters to the shared statistics when it goes idle,
+ * at most once a second (PGSTAT_MIN_INTERVAL; PostgreSQL 15): a backend that
+ * goes idle less than a second after its last flush keeps its counts until
+ * its next statement a second or more later, or until it has been idle for
+ * PGSTAT_IDLE_INTERVAL (10 s). `pg_stat_force_next_flush()` does not help: it
+ * flushes only the calling backend's own counters, and the writes being
+ * counted are the system's backends'. So the window opens 1.5 s after the
+ * last job started, when the start-up writes (claims, fetches, locks) have
+ * normally been flushed; both readings of the window then lag alike, which
+ * in a steady state cancels. Because a count can still arrive up to 10 s
+ * late, the same spans are also counted exactly from the WAL records
+ * themselves (pg_walinspect, when the server has it; see WalTally), which
+ * do not lag and belong to this database alone.
+ */
+const STATS_SETTLE_MS = 1_500;
+/** The last reading is taken this long before the first job could finish (it started after goAt and sleeps sleepMs). */
+const WAIT_END_MARGIN_MS = 500;
+
+/** The counters one liveness reading takes. */
+interface StatReading {
+  /** Epoch ms when the reading started. */
+  at: number;
+  lsn: bigint;
+  ins: number;
+  upd: number;
+  del: number;
+  hot: number;
+  /** Jobs the system's own table shows held by a worker. */
+  running: number;
+  checkpoints: number;
+  /** Every other database: transactions committed, rows written. */
+  others: Map<string, { commits: number; writes: number }>;
+  /** Connections to the database under test. */
+  backends: number;
+}
+
+function parseLsn(lsn: string): bigint {
+  const [hi, lo] = lsn.split('/');
+  return (BigInt(`0x${hi}`) << 32n) | BigInt(`0x${lo}`);
+}
+
+async function readStats(ctx: Context, db: string, probe: Probe, system: SystemName): Promise<StatReading> {
+  const at = epochMs();
+  // WAL position and the table counters back to back; the WAL position is
+  // exact, the counters lag by up to a flush (see STATS_SETTLE_MS).
+  const [wal] = await ctx.admin.rows<{ lsn: string }>(`SELECT pg_current_wal_lsn()::text AS lsn`);
+  const [t] = await probe.rows<{ ins: string; upd: string; del: string; hot: string }>(
+    `SELECT coalesce(sum(n_tup_ins), 0)::text AS ins, coalesce(sum(n_tup_upd), 0)::text AS upd,
+            coalesce(sum(n_tup_del), 0)::text AS del, coalesce(sum(n_tup_hot_upd), 0)::text AS hot
+     FROM pg_stat_user_tables WHERE schemaname = $1`,
+    [SQL[system].schema],
+  );
+  const [r] = await probe.rows<{ n: number }>(SQL[system].running);
+  let checkpoints: number;
+  try {
+    const [c] = await ctx.admin.rows<{ n: string }>(`SELECT (checkpoints_timed + checkpoints_req)::text AS n FROM pg_stat_bgwriter`);
+    checkpoints = Number(c!.n);
+  } catch {
+    // PostgreSQL 17 moved them to pg_stat_checkpointer.
+    const [c] = await ctx.admin.rows<{ n: string }>(`SELECT (num_timed + num_requested)::text AS n FROM pg_stat_checkpointer`);
+    checkpoints = Number(c!.n);
+  }
+  const others = new Map<string, { commits: number; writes: number }>();
+  for (const d of await ctx.admin.rows<{ datname: string; commits: string; writes: string }>(
+    `SELECT datname, xact_commit::text AS commits, (tup_inserted + tup_updated + tup_deleted)::text AS writes
+     FROM pg_stat_database WHERE datname IS NOT NULL AND datname <> $1`,
+    [db],
+  )) {
+    others.set(d.datname, { commits: Number(d.commits), writes: Number(d.writes) });
+  }
+  const backends = (await ctx.admin.backends(db, [probe.pid])).length;
+  return {
+    at,
+    lsn: parseLsn(wal!.lsn),
+    ins: Number(t!.ins),
+    upd: Number(t!.upd),
+    del: Number(t!.del),
+    hot: Number(t!.hot),
+    running: r!.n,
+    checkpoints,
+    others,
+    backends,
+  };
+}
+
+/** What happened between two readings. */
+interface StatSpan {
+  seconds: number;
+  ins: number;
+  upd: number;
+  del: number;
+  hot: number;
+  walBytes: number;
+  checkpoints: number;
+  /** Rows written in other databases (any, the `postgres` database included). */
+  otherWrites: number;
+  /** Transactions committed in other databases, less `postgres` (where the harness's own reads commit). */
+  otherCommits: number;
+  /** Other databases that wrote or committed, created or dropped in the span. */
+  busy: string[];
+}
+
+function span(a: StatReading, b: StatReading): StatSpan {
+  let otherWrites = 0;
+  let otherCommits = 0;
+  const busy: string[] = [];
+  for (const [name, after] of b.others) {
+    const before = a.others.get(name);
+    if (!before) {
+      busy.push(`${name} (created)`);
+      continue;
+    }
+    const writes = after.writes - before.writes;
+    const commits = name === 'postgres' ? 0 : after.commits - before.commits;
+    otherWrites += writes;
+    otherCommits += commits;
+    if (writes > 0 || commits > 0) busy.push(`${name} (${commits} commits, ${writes} rows)`);
+  }
+  for (const name of a.others.keys()) if (!b.others.has(name)) busy.push(`${name} (dropped)`);
+  return {
+    seconds: (b.at - a.at) / 1000,
+    ins: b.ins - a.ins,
+    upd: b.upd - a.upd,
+    del: b.del - a.del,
+    hot: b.hot - a.hot,
+    walBytes: Number(b.lsn - a.lsn),
+    checkpoints: b.checkpoints - a.checkpoints,
+    otherWrites,
+    otherCommits,
+    busy,
+  };
+}
+
+const writesOf = (s: { ins: number; upd: number; del: number }) => s.ins + s.upd + s.del;
+
+/** The heap and WAL records of the database under test between two WAL positions, counted from the records. */
+interface WalCount {
+  ins: number;
+  upd: number;
+  hot: number;
+  del: number;
+  /** Bytes of the records that touch this database's relations, and of the commit records of their transactions (full-page images included). */
+  dbBytes: number;
+  /** Of which full-page images. */
+  fpiBytes: number;
+  /** Bytes of every record in the range, whichever database. */
+  allBytes: number;
+}
+
+/**
+ * Counts, from the WAL records themselves (pg_walinspect, PostgreSQL 15+),
+ * the rows written to the tables of `schema` in the probe's database (heap
+ * INSERT, UPDATE, HOT_UPDATE, DELETE; MULTI_INSERT by its tuples) and the WAL
+ * this database wrote: exact, where the statistics lag, and this database's
+ * alone, where the WAL position is the server's. Read after the wait (so
+ * the reading costs the measurement nothing), from WAL that the probe's
+ * temporary replication slot keeps on disk (holdWal): on a shared server
+ * checkpoints come every second or two (each CREATE DATABASE forces one)
+ * and remove the segments behind them. A step (`advance`) takes the records
+ * that end by its end and starts the next where the last one ended, so none
+ * is counted twice or lost. Any failure (the extension missing, a segment
+ * gone) leaves the tally `broken`, and its counts unused.
+ */
+class WalTally {
+  private cursor: bigint;
+  private readonly count: WalCount = { ins: 0, upd: 0, hot: 0, del: 0, dbBytes: 0, fpiBytes: 0, allBytes: 0 };
+  broken: string | null = null;
+
+  constructor(
+    private readonly probe: Probe,
+    private readonly schema: string,
+    from: bigint,
+  ) {
+    this.cursor = from;
+  }
+
+  /** The counts so far. */
+  snapshot(): WalCount {
+    return { ...this.count };
+  }
+
+  /** Reads the records from where the last step stopped up to `to` (default, or if not yet flushed after 2 s: as far as the WAL has been flushed). */
+  async advance(to: bigint | null = null): Promise<void> {
+    if (this.broken) return;
+    try {
+      // Only flushed WAL can be read: wait (briefly) for the WAL writer to reach `to`.
+      let flushed = 0n;
+      for (let k = 0; k < 100; k++) {
+        const [f] = await this.probe.rows<{ lsn: string }>(`SELECT pg_current_wal_flush_lsn()::text AS lsn`);
+        flushed = parseLsn(f!.lsn);
+        if (to === null || flushed >= to) break;
+        await sleep(20);
+      }
+      const end = to === null || to > flushed ? flushed : to;
+      if (end <= this.cursor) return;
+      const [r] = await this.probe.rows<Record<keyof WalCount | 'last', string | null>>(
+        `WITH rels AS (
+           SELECT c.relfilenode::text AS fn FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = $3 AND c.relkind IN ('r', 't', 'm') AND c.relfilenode <> 0
+         ), recs AS (
+           SELECT r.end_lsn, r.resource_manager AS rm, r.record_type AS rt, r.record_length AS len, r.fpi_length AS fpi, r.xid, r.description AS d,
+                  substring(r.block_ref from 'rel [0-9]+/([0-9]+)/') AS dboid,
+                  substring(r.block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)') AS fn
+           FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn) r
+         ), ours AS (
+           SELECT * FROM recs WHERE dboid = (SELECT oid::text FROM pg_database WHERE datname = current_database())
+         ), heap AS (
+           SELECT * FROM ours WHERE fn IN (SELECT fn FROM rels)
+         )
+         SELECT (SELECT count(*) FROM heap WHERE rm = 'Heap' AND rt LIKE 'INSERT%')
+                  + (SELECT coalesce(sum(substring(d from 'ntuples:? ([0-9]+)')::int), 0) FROM heap WHERE rm = 'Heap2' AND rt LIKE 'MULTI_INSERT%') AS ins,
+                (SELECT count(*) FROM heap WHERE rm = 'Heap' AND (rt LIKE 'UPDATE%' OR rt LIKE 'HOT_UPDATE%')) AS upd,
+                (SELECT count(*) FROM heap WHERE rm = 'Heap' AND rt LIKE 'HOT_UPDATE%') AS hot,
+                (SELECT count(*) FROM heap WHERE rm = 'Heap' AND rt = 'DELETE') AS del,
+                -- The commit records of this database's transactions carry no block: matched by xid (within the step).
+                (SELECT coalesce(sum(len), 0) FROM ours)
+                  + (SELECT coalesce(sum(len), 0) FROM recs WHERE rm = 'Transaction' AND dboid IS NULL
+                       AND xid IN (SELECT xid FROM ours WHERE xid <> 0)) AS "dbBytes",
+                (SELECT coalesce(sum(fpi), 0) FROM ours) AS "fpiBytes",
+                (SELECT coalesce(sum(len), 0) FROM recs) AS "allBytes",
+                (SELECT max(end_lsn)::text FROM recs) AS last`,
+        [formatLsn(this.cursor), formatLsn(end), this.schema],
+      );
+      if (r!.last === null) return;
+      this.count.ins += Number(r!.ins);
+      this.count.upd += Number(r!.upd);
+      this.count.hot += Number(r!.hot);
+      this.count.del += Number(r!.del);
+      this.count.dbBytes += Number(r!.dbBytes);
+      this.count.fpiBytes += Number(r!.fpiBytes);
+      this.count.allBytes += Number(r!.allBytes);
+      this.cursor = parseLsn(r!.last);
+    } catch (err) {
+      this.broken = (err as Error).message;
+      console.warn(`bench: liveness: WAL records not counted: ${this.broken}`);
+    }
+  }
+
+}
+
+/**
+ * Keeps the server's WAL from here on on disk while `probe` is connected: a
+ * temporary physical replication slot reserving WAL at once, dropped by the
+ * server when the probe's session ends (window() closes it right after the
+ * phase's work). Answers false, and WalTally is not used, if the server
+ * refuses (no free slot, wal_level minimal).
+ */
+async function holdWal(probe: Probe): Promise<boolean> {
+  try {
+    await probe.rows(`SELECT pg_create_physical_replication_slot($1, true, true)`, [`bench_liveness_${process.pid}_${probe.pid}`]);
+    return true;
+  } catch (err) {
+    console.warn(`bench: liveness: WAL records not counted: no replication slot to keep them (${(err as Error).message})`);
+    return false;
+  }
+}
+
+function quietText(s: StatSpan): string {
+  const quiet = s.otherWrites === 0 && s.otherCommits === 0 && s.busy.length === 0 && s.checkpoints === 0;
+  if (quiet) return 'server quiet: no other database committed or wrote a row, no checkpoint';
+  const parts = [...s.busy];
+  if (s.checkpoints > 0) parts.push(`${s.checkpoints} checkpoint(s) (full-page images follow)`);
+  return `server NOT quiet, the WAL figure includes: ${parts.join('; ')}`;
+}
+
+function formatLsn(lsn: bigint): string {
+  return `${(lsn >> 32n).toString(16).toUpperCase()}/${(lsn & 0xffffffffn).toString(16).toUpperCase()}`;
+}
+
+/**
+ * Liveness: `livenessTasks` jobs whose handlers each wait `livenessSleepMs`
+ * (mostly waiting, as a model call does), run by one process with that many
+ * at once. Once the system's own table shows them all held by the worker and
+ * every handler has started, and the start-up writes have reached the
+ * statistics (STATS_SETTLE_MS), the phase reads, before and after a window of
+ * `livenessWindowMs`: the row writes (n_tup_ins + n_tup_upd + n_tup_del, and
+ * n_tup_hot_upd) of the system's schema in pg_stat_user_tables, and the
+ * server's WAL position. A third reading just before the first job could
+ * finish gives the same over the whole wait (a 10-s window can miss a
+ * heartbeat that comes every 15 s, as pg-boss's does at heartbeatSeconds 30).
+ * WAL is server-wide: the phase reports what other databases did meanwhile.
+ * Then the jobs finish and are checked as the drains' are.
+ */
+export async function liveness(ctx: Context, system: SystemName): Promise<PhaseResult> {
+  const { livenessTasks: n, livenessSleepMs: sleepMs, livenessWindowMs: windowMs } = ctx.sizes;
+  const db = await freshDb(ctx, system);
+  const enqueuer = await spawn(ctx, system);
+  await enqueuer.call('open', { url: urlFor(db) });
+  await enqueuer.call('enqueueBulk', { from: 0, count: n, chunk: n, sleepMs });
+  await retire(ctx, enqueuer);
+  const analyze = await Probe.connect(db);
+  await analyze.rows('ANALYZE');
+  // For counting the WAL records of the wait (WalTally); a superuser's
+  // statement, in this database only (it is dropped after the phase).
+  const inspectable = await analyze
+    .rows('CREATE EXTENSION IF NOT EXISTS pg_walinspect')
+    .then(() => true)
+    .catch((err: Error) => {
+      console.warn(`bench: liveness: no pg_walinspect (${err.message}); only the statistics are read`);
+      return false;
+    });
+  await analyze.close();
+
+  const worker = await spawn(ctx, system);
+  type Measured = { startupMs: number; window: StatSpan; wait: StatSpan; backends: number; walWindow: WalCount | null; walWait: WalCount | null };
+  let measured: Measured | null = null;
+  const w = await window(ctx, db, [worker], (probe) =>
+    runToEmpty(
+      ctx,
+      system,
+      [worker],
+      probe,
+      n,
+      sleepMs + 120_000,
+      async (goAt) => {
+        // No job can finish before this: each started after goAt and waits sleepMs.
+        const lastSafe = goAt + sleepMs - WAIT_END_MARGIN_MS;
+        let running = 0;
+        for (;;) {
+          if (worker.ran >= n) {
+            const [row] = await probe.rows<{ n: number }>(SQL[system].running);
+            running = row!.n;
+            if (running >= n) break;
+          }
+          if (epochMs() > lastSafe) {
+            throw new Error(`liveness: only ${worker.ran} handlers started and ${running} jobs held of ${n} before the first could finish`);
+          }
+          await sleep(20);
+        }
+        const allRunningAt = epochMs();
+        if (allRunningAt + STATS_SETTLE_MS + windowMs > lastSafe) {
+          throw new Error(
+            `liveness: all ${n} running ${Math.round(allRunningAt - goAt)} ms after the start: a window of ${windowMs} ms ` +
+              `${STATS_SETTLE_MS} ms later would not end before the first could finish (${sleepMs} ms)`,
+          );
+        }
+        await sleep(allRunningAt + STATS_SETTLE_MS - epochMs());
+        const held = inspectable && (await holdWal(probe));
+        const a = await readStats(ctx, db, probe, system);
+        await sleep(a.at + windowMs - epochMs());
+        const b = await readStats(ctx, db, probe, system);
+        await sleep(lastSafe - epochMs());
+        const c = await readStats(ctx, db, probe, system);
+        const tally = held ? new WalTally(probe, SQL[system].schema, a.lsn) : null;
+        await tally?.advance(b.lsn);
+        const walWindow = tally && !tally.broken ? tally.snapshot() : null;
+        await tally?.advance(c.lsn);
+        const walWait = tally && !tally.broken ? tally.snapshot() : null;
+        for (const [label, r] of [['window start', a], ['window end', b], ['end of the wait', c]] as const) {
+          if (r.running !== n) throw new Error(`liveness: ${r.running} of ${n} jobs held at the ${label}: the readings were not all inside the wait`);
+        }
+        measured = {
+          startupMs: allRunningAt - goAt,
+          window: span(a, b),
+          wait: span(a, c),
+          backends: Math.max(a.backends, b.backends, c.backends),
+          walWindow,
+          walWait,
+        };
+      },
+      n,
+    ),
+  );
+  const check = await checkFinished(system, n, w);
+  const m = measured as Measured | null;
+  if (!m) throw new Error('liveness: the wait was not measured');
+  const win = m.window;
+  const wait = m.wait;
+  const rate = (x: number, s: StatSpan) => x / s.seconds;
+  const describe = (label: string, s: StatSpan) =>
+    `${label} (${s.seconds.toFixed(1)} s): ${s.ins} inserted, ${s.upd} updated (${s.hot} HOT), ${s.del} deleted rows in schema ${SQL[system].schema}; ` +
+    `${Math.round(s.walBytes / 1024).toLocaleString('en-US')} kB of WAL`;
+  return {
+    phase: 'liveness',
+    system,
+    round: ctx.round,
+    metrics: {
+      writesPerSec: rate(writesOf(win), win),
+      hotWritesPerSec: rate(win.hot, win),
+      walKBPerSec: rate(win.walBytes, win) / 1024,
+      windowSec: win.seconds,
+      waitWritesPerSec: rate(writesOf(wait), wait),
+      waitHotWritesPerSec: rate(wait.hot, wait),
+      waitWalKBPerSec: rate(wait.walBytes, wait) / 1024,
+      waitSec: wait.seconds,
+      startupMs: m.startupMs,
+      connections: m.backends,
+      otherWrites: wait.otherWrites,
+      otherCommits: wait.otherCommits,
+      checkpoints: wait.checkpoints,
+      ...(m.walWindow
+        ? {
+            walRowWritesPerSec: rate(writesOf(m.walWindow), win),
+            walHotPerSec: rate(m.walWindow.hot, win),
+            dbWalKBPerSec: rate(m.walWindow.dbBytes, win) / 1024,
+          }
+        : {}),
+      ...(m.walWait
+        ? {
+            waitWalRowWritesPerSec: rate(writesOf(m.walWait), wait),
+            waitWalHotPerSec: rate(m.walWait.hot, wait),
+            waitDbWalKBPerSec: rate(m.walWait.dbBytes, wait) / 1024,
+          }
+        : {}),
+      ...costs(n, w.counters, w.commits, w.pgCpuMs),
+    },
+    check: `${check.text}; all ${n} held by the worker ${Math.round(m.startupMs)} ms after it started, and at every reading`,
+    statements: mergeStatements(w.counters),
+    notes: [
+      `check: ${check.text}; all ${n} held by the worker ${Math.round(m.startupMs)} ms after it started, and at every reading; at most ${m.backends} connection(s) to the database`,
+      `recovery: ${RECOVERY[system] ?? 'n/a'}`,
+      describe('window', win),
+      describe('whole wait', wait),
+      `WAL is server-wide; over the whole wait: ${quietText(wait)}`,
+      ...([['window', m.walWindow, win], ['whole wait', m.walWait, wait]] as const).flatMap(([label, x, sp]) => {
+        // The statistics lag (STATS_SETTLE_MS); the records do not. Say so when they part.
+        const gap = x ? writesOf(sp) - writesOf(x) : 0;
+        return x && Math.abs(gap) > Math.max(2, 0.05 * writesOf(x))
+          ? [
+              `${label}: pg_stat_user_tables counted ${gap > 0 ? `${gap} more` : `${-gap} fewer`} row writes than the WAL records hold: counts flushed late ` +
+                '(a backend that goes idle within a second of its last flush keeps its counts until its next statement or 10 s idle); the WAL-record figure is the exact one',
+            ]
+          : [];
+      }),
+      ...([['window', m.walWindow, win], ['whole wait', m.walWait, wait]] as const).map(([label, x, sp]) =>
+        x
+          ? `from the WAL records (exact, this database only), ${label}: ${x.ins} inserted, ${x.upd} updated (${x.hot} HOT), ${x.del} deleted rows in schema ${SQL[system].schema} ` +
+            `= ${(writesOf(x) / sp.seconds).toFixed(1)} row writes/s; this database's WAL ${Math.round(x.dbBytes / 1024).toLocaleString('en-US')} kB ` +
+            `(${(x.dbBytes / 1024 / sp.seconds).toFixed(1)} kB/s, ${Math.round(x.fpiBytes / 1024).toLocaleString('en-US')} kB of it full-page images) ` +
+            `of ${Math.round(x.allBytes / 1024).toLocaleString('en-US')} kB server-wide`
+          : `from the WAL records, ${label}: not available`,
+      ),
+    ],
+    ...(check.ok ? {} : { error: `not exactly once: ${check.text}` }),
+  };
+}

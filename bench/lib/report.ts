@@ -10,7 +10,7 @@ import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { PHASES, takesPart, type Options, type PhaseName } from './config.ts';
-import type { PhaseResult, SystemInfo } from './phases.ts';
+import { RECOVERY, type PhaseResult, type SystemInfo } from './phases.ts';
 import { barPanels, findChromium, latencyCdf, svgSize, svgToPng, type Panel } from './plot.ts';
 import { spread, type Spread } from './stats.ts';
 import { SYSTEMS, type SystemName } from '../systems/protocol.ts';
@@ -114,6 +114,18 @@ export function summarize(record: RunRecord): string {
   row('Serverless drain (Miniflare)', 'serverless', 'tasksPerSec', 'tasks/s');
   row('claim of 10, 1M finished rows', 'claim', 'finishedP50', 'ms');
   row('claim of 10, 100k pending rows', 'claim', 'pendingP50', 'ms');
+  // Exact, from the WAL records of the database under test (where pg_walinspect is there) ...
+  row('Liveness: row writes (WAL records)', 'liveness', 'walRowWritesPerSec', 'rows/s');
+  row('Liveness: HOT (WAL records)', 'liveness', 'walHotPerSec', 'rows/s');
+  row('Liveness: this db WAL (WAL records)', 'liveness', 'dbWalKBPerSec', 'kB/s');
+  row('Liveness: whole wait (WAL records)', 'liveness', 'waitWalRowWritesPerSec', 'rows/s');
+  row('Liveness: whole wait db WAL', 'liveness', 'waitDbWalKBPerSec', 'kB/s');
+  // ... and as pg_stat_user_tables (lagging) and the server's WAL position see it.
+  row('Liveness: pg_stat_user_tables writes', 'liveness', 'writesPerSec', 'rows/s');
+  row('Liveness: pg_stat_user_tables HOT', 'liveness', 'hotWritesPerSec', 'rows/s');
+  row('Liveness: WAL (server-wide)', 'liveness', 'walKBPerSec', 'kB/s');
+  row('Liveness: stats writes, whole wait', 'liveness', 'waitWritesPerSec', 'rows/s');
+  row('Liveness: WAL server-wide, whole wait', 'liveness', 'waitWalKBPerSec', 'kB/s');
   for (const r of record.results.filter((x) => x.skipped)) lines.push(`${r.phase}: skipped: ${r.skipped}`);
   return lines.join('\n');
 }
@@ -151,7 +163,8 @@ function resultsSection(record: RunRecord, images: { throughput: string; latency
     `enqueue one per call: ${s.enqueueSingle.toLocaleString('en-US')} (inside BEGIN/COMMIT: ${s.enqueueSingleTx.toLocaleString('en-US')}); bulk enqueue and drains: ${s.drain.toLocaleString('en-US')} (bulk in calls of ${s.bulkChunk.toLocaleString('en-US')}); ` +
       `concurrency ${s.concurrency} per worker process; latency: ${s.latencyCount} jobs ${s.latencySpacingMs} ms apart after ${s.latencyIdleMs} ms idle; ` +
       `claim: ${s.claimFinished.toLocaleString('en-US')} finished + ${s.claimPendingBesideFinished.toLocaleString('en-US')} pending rows, and ${s.claimPending.toLocaleString('en-US')} pending rows, ${s.claimReps} claims of ${s.claimLimit}; ` +
-      `DAG: 1 root, ${s.dagLeaves.toLocaleString('en-US')} tasks after it, 1 join after them; serverless: ${s.serverlessTasks.toLocaleString('en-US')} jobs`,
+      `DAG: 1 root, ${s.dagLeaves.toLocaleString('en-US')} tasks after it, 1 join after them; serverless: ${s.serverlessTasks.toLocaleString('en-US')} jobs; ` +
+      `liveness: ${s.livenessTasks.toLocaleString('en-US')} jobs waiting ${s.livenessSleepMs / 1000} s each in one process at concurrency ${s.livenessTasks.toLocaleString('en-US')}, window ${s.livenessWindowMs / 1000} s`,
   ]);
   info.push(['command', `\`cd bench && npm install && npm run bench${o.smoke ? ' -- --smoke' : ''}\``]);
   out.push(table(['', ''], info).replace('|---|--:|', '|---|---|'));
@@ -242,6 +255,41 @@ function resultsSection(record: RunRecord, images: { throughput: string; latency
     if (plan) out.push('', '<details><summary>Query plans (last round)</summary>', '', '```', plan, '```', '', '</details>');
   }
 
+  if (ran(record, 'liveness')) {
+    const lsys = systems.filter((sys) => takesPart(sys, 'liveness') && sys !== 'outlive-drop');
+    out.push('', `### Liveness: ${s.livenessTasks.toLocaleString('en-US')} jobs waiting ${s.livenessSleepMs / 1000} s in one process (lower is better)`, '');
+    out.push(
+      `Each handler waits ${s.livenessSleepMs / 1000} s (mostly waiting, as a model call does); one process runs all of them at once. ` +
+        `Once the system's own table shows every job held by the worker and every handler has started, and 1.5 s more (for the start-up writes to reach the statistics), ` +
+        `the window (${s.livenessWindowMs / 1000} s) reads the row writes of the system's schema (\`n_tup_ins + n_tup_upd + n_tup_del\` of pg_stat_user_tables, HOT updates apart) ` +
+        'and the WAL position before and after; "whole wait" runs from the same start to just before the first job could finish (a window shorter than a heartbeat period can miss it). ' +
+        'WAL is server-wide: it includes anything else the server did meanwhile (see "other databases"). ' +
+        'The statistics can lag a write by up to 10 s (a backend that goes idle within a second of its last flush keeps its counts until its next statement or 10 s idle), ' +
+        'so the same spans are also counted exactly from the WAL records (pg_walinspect): the rows written to the system\'s tables, and the WAL of this database alone. ' +
+        'outlive runs with a pool of 12 (createWorker would size its own at concurrency + 2); graphile-worker with a local queue as deep as the concurrency and a pool of 12; ' +
+        'pg-boss with as many workers of 500 as hold every job at once (2 at 1,000) and each job sent with `heartbeatSeconds: 30`.',
+      '',
+    );
+    const c = (sys: SystemName, k: string, d?: number) => cell(metric(record, 'liveness', sys, k), d);
+    const rows: string[][] = [
+      ['WAL records: row writes/s while waiting', ...lsys.map((sys) => c(sys, 'walRowWritesPerSec'))],
+      ['WAL records: of which HOT/s', ...lsys.map((sys) => c(sys, 'walHotPerSec'))],
+      ['WAL records: this database\'s WAL kB/s', ...lsys.map((sys) => c(sys, 'dbWalKBPerSec'))],
+      ['WAL records: row writes/s, whole wait', ...lsys.map((sys) => c(sys, 'waitWalRowWritesPerSec'))],
+      ['WAL records: this database\'s WAL kB/s, whole wait', ...lsys.map((sys) => c(sys, 'waitDbWalKBPerSec'))],
+      ['pg_stat_user_tables: row writes/s while waiting', ...lsys.map((sys) => c(sys, 'writesPerSec'))],
+      ['pg_stat_user_tables: of which HOT/s', ...lsys.map((sys) => c(sys, 'hotWritesPerSec'))],
+      ['pg_stat_user_tables: row writes/s, whole wait', ...lsys.map((sys) => c(sys, 'waitWritesPerSec'))],
+      ['WAL kB/s, server-wide (pg_current_wal_lsn)', ...lsys.map((sys) => c(sys, 'walKBPerSec'))],
+      ['WAL kB/s, server-wide, whole wait', ...lsys.map((sys) => c(sys, 'waitWalKBPerSec'))],
+      ['other databases: commits, rows written', ...lsys.map((sys) => `${c(sys, 'otherCommits', 0)}, ${c(sys, 'otherWrites', 0)}`)],
+      ['checkpoints during the wait', ...lsys.map((sys) => c(sys, 'checkpoints', 0))],
+      ['all running after (ms)', ...lsys.map((sys) => c(sys, 'startupMs', 0))],
+      ['recovery of a dead worker\'s jobs', ...lsys.map((sys) => RECOVERY[sys] ?? '—')],
+    ];
+    out.push(table(['', ...lsys], rows));
+  }
+
   const profiled = (['drain-1', 'latency', 'dag'] as PhaseName[]).filter((p) => ran(record, p));
   if (profiled.length > 0) {
     out.push('', '<details><summary>Statements sent, by kind (last round): what the round trips are</summary>', '');
@@ -273,7 +321,7 @@ function resultsSection(record: RunRecord, images: { throughput: string; latency
   const failed = measured.filter((r) => r.error);
   out.push(
     failed.length === 0
-      ? `All ${measured.length} phase runs passed their checks: every enqueue left exactly one row per job, and in every drain, latency, DAG and serverless run each job's handler ran exactly once and the database recorded every job completed with one attempt, or kept no row where completed jobs are deleted (and each DAG run succeeded).`
+      ? `All ${measured.length} phase runs passed their checks: every enqueue left exactly one row per job, and in every drain, latency, DAG, serverless and liveness run each job's handler ran exactly once and the database recorded every job completed with one attempt, or kept no row where completed jobs are deleted (and each DAG run succeeded).`
       : `${measured.length - failed.length} of ${measured.length} phase runs passed their checks. Failed (left out of the tables above):`,
   );
   for (const r of failed) out.push(`- round ${r.round}, ${r.phase}, ${r.system}: ${r.error!.split('\n')[0]}`);

@@ -18,6 +18,14 @@ export interface SystemSql {
    * than one attempt, and jobs still not completed.
    */
   finished: string;
+  /** The schema holding the system's tables (the liveness phase sums their row writes). */
+  schema: string;
+  /**
+   * One row `{ n }`: jobs a worker holds now (outlive: running; pg-boss:
+   * active; graphile-worker: locked, which with its local queue as deep as
+   * the concurrency means fetched to run).
+   */
+  running: string;
 }
 
 /** The SQL of each system, by name. */
@@ -30,6 +38,8 @@ export const SQL: Record<SystemName, SystemSql> = {
                       count(*) FILTER (WHERE attempts <> 1)::int AS repeated,
                       count(*) FILTER (WHERE state <> 'succeeded')::int AS left
                FROM outlive.tasks`,
+    schema: 'outlive',
+    running: `SELECT count(*)::int AS n FROM outlive.tasks WHERE state = 'running'`,
   },
   'outlive-drop': {
     db: 'bench_outlive_drop',
@@ -42,6 +52,8 @@ export const SQL: Record<SystemName, SystemSql> = {
                       count(*) FILTER (WHERE attempts > 1)::int AS repeated,
                       count(*)::int AS left
                FROM outlive.tasks`,
+    schema: 'outlive',
+    running: `SELECT count(*)::int AS n FROM outlive.tasks WHERE state = 'running'`,
   },
   'graphile-worker': {
     db: 'bench_graphile',
@@ -52,6 +64,8 @@ export const SQL: Record<SystemName, SystemSql> = {
                       count(*) FILTER (WHERE attempts > 1)::int AS repeated,
                       count(*)::int AS left
                FROM graphile_worker._private_jobs`,
+    schema: 'graphile_worker',
+    running: `SELECT count(*)::int AS n FROM graphile_worker._private_jobs WHERE locked_at IS NOT NULL`,
   },
   'pg-boss': {
     db: 'bench_pgboss',
@@ -61,5 +75,7 @@ export const SQL: Record<SystemName, SystemSql> = {
                       count(*) FILTER (WHERE retry_count > 0)::int AS repeated,
                       count(*) FILTER (WHERE state <> 'completed')::int AS left
                FROM pgboss.job WHERE name = 'noop'`,
+    schema: 'pgboss',
+    running: `SELECT count(*)::int AS n FROM pgboss.job WHERE name = 'noop' AND state = 'active'`,
   },
 };

@@ -13,13 +13,18 @@ import type { Driver, Payload, WorkerSettings } from './protocol.ts';
  * The worker's settings, reported in docs/benchmarks.md. The documented
  * performance preset uses `localQueue: { size: 500 }` and both batch delays
  * at 0; the pool follows the documented rule `max(10, concurrentJobs + 2)`.
+ * Above a concurrency of 500 (the liveness phase's 1,000) the local queue
+ * grows to the concurrency, as graphile-worker's own warning asks
+ * (src/main.ts: a batch smaller than the concurrency), and the pool stays at
+ * 12: the rule would allow more connections than the server has
+ * (max_connections 100, shared), and the handlers never use the pool.
  */
 export const GRAPHILE_SETTINGS = {
-  localQueueSize: 500,
+  localQueueSize: (concurrency: number) => Math.max(500, concurrency),
   completeJobBatchDelay: 0,
   failJobBatchDelay: 0,
   pollInterval: 2_000,
-  maxPoolSize: (concurrency: number) => Math.max(10, concurrency + 2),
+  maxPoolSize: (concurrency: number) => Math.min(12, Math.max(10, concurrency + 2)),
 } as const;
 
 // Quiet, except for errors: a benchmark should not measure console output.
@@ -40,7 +45,7 @@ export function createDriver(): Driver {
     version: () => JSON.parse(readFileSync(new URL('../node_modules/graphile-worker/package.json', import.meta.url), 'utf8')).version,
     settings: (concurrency) =>
       `run({ concurrency: ${concurrency}, maxPoolSize: ${GRAPHILE_SETTINGS.maxPoolSize(concurrency)}, ` +
-      `pollInterval: ${GRAPHILE_SETTINGS.pollInterval}, preset.worker: { localQueue: { size: ${GRAPHILE_SETTINGS.localQueueSize} }, ` +
+      `pollInterval: ${GRAPHILE_SETTINGS.pollInterval}, preset.worker: { localQueue: { size: ${GRAPHILE_SETTINGS.localQueueSize(concurrency)} }, ` +
       `completeJobBatchDelay: ${GRAPHILE_SETTINGS.completeJobBatchDelay}, failJobBatchDelay: ${GRAPHILE_SETTINGS.failJobBatchDelay} } }); ` +
       'prepared statements on (the default)',
     async install(target) {
@@ -76,12 +81,12 @@ export function createDriver(): Driver {
         logger,
         taskList: {
           noop: async (payload) => {
-            runJob(payload as Payload);
+            await runJob(payload as Payload);
           },
         },
         preset: {
           worker: {
-            localQueue: { size: GRAPHILE_SETTINGS.localQueueSize },
+            localQueue: { size: GRAPHILE_SETTINGS.localQueueSize(settings.concurrency) },
             completeJobBatchDelay: GRAPHILE_SETTINGS.completeJobBatchDelay,
             failJobBatchDelay: GRAPHILE_SETTINGS.failJobBatchDelay,
           },

@@ -33,7 +33,23 @@ const quiet: node.WorkerLogger = {
 /** The worker's pool size, as createWorker sizes its own pool: concurrency + 2. */
 const poolSize = (concurrency: number) => concurrency + 2;
 
-const payloadSchema = z.object({ i: z.number().int().nonnegative(), t: z.number().optional() });
+const payloadSchema = z.object({ i: z.number().int().nonnegative(), t: z.number().optional(), sleepMs: z.number().int().nonnegative().optional() });
+
+/**
+ * The timeout of a job whose handler waits `sleepMs` (the liveness phase):
+ * the task's default (15 s) would cut a 20-s wait short. At 30 s or more the
+ * lease is the pass's default, 30 s plus 5 s of grace (src/pass/tick.ts).
+ */
+const longTimeoutMs = (sleepMs: number) => Math.max(60_000, 2 * sleepMs);
+
+/**
+ * The most connections a worker's pool may open. createWorker sizes its own
+ * pool at concurrency + 2 (12 at the harness's usual 10); at the liveness
+ * phase's concurrency of 1,000 that would allow more connections than the
+ * server has (max_connections 100, shared), so there the worker is given a
+ * pool of this size instead. Its handlers never use the pool.
+ */
+export const OUTLIVE_MAX_POOL = 12;
 const rootSchema = z.object({ i: z.number().int().nonnegative(), spawn: z.number().int().nonnegative() });
 
 /**
@@ -42,7 +58,7 @@ const rootSchema = z.object({ i: z.number().int().nonnegative(), spawn: z.number
  * run from inside its handler (ctx.spawn, written in the root's settle);
  * with `spawn: 0` the graph was written up front by startRun.
  */
-function dagTasks(run: (p: Payload) => void) {
+function dagTasks(run: (p: Payload) => void | Promise<void>) {
   const leaf = outlive.defineTask({ name: 'dag-leaf', input: payloadSchema, run: (input) => run(input) });
   const join = outlive.defineTask({ name: 'dag-join', input: payloadSchema, run: (input) => run(input) });
   const root = outlive.defineTask({
@@ -100,8 +116,9 @@ export function createDriver(options: OutliveOptions = {}): Driver {
   let pool: Pool | null = null;
   let txClient: PoolClient | null = null;
   let worker: node.Worker | null = null;
+  let workerPool: Pool | null = null;
   let noop: core.AnyTask | null = null;
-  const task = (run: (p: Payload) => void = () => undefined) =>
+  const task = (run: (p: Payload) => void | Promise<void> = () => undefined) =>
     outlive.defineTask({ name: 'noop', input: payloadSchema, keepSucceeded, run: (input) => run(input) });
 
   const driver: Driver = {
@@ -134,13 +151,17 @@ export function createDriver(options: OutliveOptions = {}): Driver {
       await txClient.query('COMMIT');
     },
     async enqueueMany(payloads) {
-      await outlive.enqueueMany(pool!, noop!, payloads);
+      const longest = Math.max(0, ...payloads.map((p) => p.sleepMs ?? 0));
+      await outlive.enqueueMany(pool!, noop!, payloads, longest > 0 ? { timeoutMs: longTimeoutMs(longest) } : {});
     },
     async startWorker(settings: WorkerSettings, run) {
       // The engine's own long-lived worker, with its own pool (as an app would run it).
       const dag = dagTasks(run);
+      const capped = poolSize(settings.concurrency) > OUTLIVE_MAX_POOL;
+      workerPool = capped ? new pg.Pool({ connectionString: url, max: OUTLIVE_MAX_POOL, application_name: 'bench-outlive-worker' }) : null;
+      workerPool?.on('error', (err) => console.warn(`outlive worker pool: ${err.message}`));
       worker = outlive.createWorker({
-        connectionString: url,
+        ...(workerPool ? { pool: workerPool } : { connectionString: url }),
         tasks: [task(run), dag.root, dag.leaf, dag.join],
         concurrency: settings.concurrency,
         logger: quiet,
@@ -150,6 +171,9 @@ export function createDriver(options: OutliveOptions = {}): Driver {
     async stopWorker() {
       await worker?.stop();
       worker = null;
+      // A pool given to createWorker is the giver's to close.
+      await workerPool?.end();
+      workerPool = null;
     },
     async close() {
       txClient?.release();

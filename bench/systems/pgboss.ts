@@ -33,7 +33,24 @@ export const PGBOSS_SETTINGS = {
   useListenNotify: true,
   queueNotify: true,
   max: 12,
+  /**
+   * The liveness phase's jobs (those with `sleepMs`) are sent with
+   * `heartbeatSeconds: 30`: the worker refreshes their `heartbeat_on` every
+   * 15 s (heartbeatSeconds / 2), and the supervisor (every 60 s,
+   * superviseIntervalSeconds) fails, and so retries, a job whose heartbeat is
+   * older than 30 s. Without it only `expireInSeconds` (default 900)
+   * bounds an active job. 30 s makes its promise comparable with outlive's
+   * lease of 35 s.
+   */
+  longJobHeartbeatSeconds: 30,
 } as const;
+
+/**
+ * Workers per process: enough batches that the process holds `concurrency`
+ * jobs at once (a batch's worker fetches nothing more until its whole batch
+ * is done): 1 at the usual 10, 2 of 500 at the liveness phase's 1,000.
+ */
+export const pgbossWorkers = (concurrency: number) => Math.max(PGBOSS_SETTINGS.localConcurrency, Math.ceil(concurrency / PGBOSS_SETTINGS.batchSize));
 
 /** At most `limit` calls of `fn` at once, across every caller that shares it. */
 function semaphore(limit: number): <T>(fn: () => Promise<T> | T) => Promise<T> {
@@ -64,7 +81,7 @@ export function createDriver(): Driver {
     version: () => JSON.parse(readFileSync(new URL('../node_modules/pg-boss/package.json', import.meta.url), 'utf8')).version,
     settings: (concurrency) =>
       `new PgBoss({ useListenNotify: true, max: ${PGBOSS_SETTINGS.max} }); createQueue('noop', { notify: true }); ` +
-      `work('noop', { batchSize: ${PGBOSS_SETTINGS.batchSize}, localConcurrency: ${PGBOSS_SETTINGS.localConcurrency}, ` +
+      `work('noop', { batchSize: ${PGBOSS_SETTINGS.batchSize}, localConcurrency: ${pgbossWorkers(concurrency)}, ` +
       `burstWhenBatchFull: true, pollingIntervalSeconds: ${PGBOSS_SETTINGS.pollingIntervalSeconds}, ` +
       `notifyPollingIntervalSeconds: ${PGBOSS_SETTINGS.notifyPollingIntervalSeconds} }), the batch's jobs run at most ${concurrency} at once per process; ` +
       'maintenance on (the defaults)',
@@ -93,7 +110,10 @@ export function createDriver(): Driver {
       await client.query('COMMIT');
     },
     async enqueueMany(payloads) {
-      await boss!.insert(QUEUE, payloads.map((data) => ({ data })));
+      await boss!.insert(
+        QUEUE,
+        payloads.map((data) => (data.sleepMs ? { data, heartbeatSeconds: PGBOSS_SETTINGS.longJobHeartbeatSeconds } : { data })),
+      );
     },
     async startWorker(settings: WorkerSettings, run) {
       working = true;
@@ -102,7 +122,7 @@ export function createDriver(): Driver {
         QUEUE,
         {
           batchSize: PGBOSS_SETTINGS.batchSize,
-          localConcurrency: PGBOSS_SETTINGS.localConcurrency,
+          localConcurrency: pgbossWorkers(settings.concurrency),
           burstWhenBatchFull: PGBOSS_SETTINGS.burstWhenBatchFull,
           pollingIntervalSeconds: PGBOSS_SETTINGS.pollingIntervalSeconds,
           notifyPollingIntervalSeconds: PGBOSS_SETTINGS.notifyPollingIntervalSeconds,

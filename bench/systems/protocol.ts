@@ -25,6 +25,13 @@ export type SystemName = (typeof SYSTEMS)[number];
 export interface Payload {
   i: number;
   t?: number;
+  /**
+   * The liveness phase's jobs: the handler waits this long (ms) before it
+   * returns, mostly waiting as a model call does. Drivers enqueue such jobs
+   * with what a job that long needs (outlive: a timeoutMs above it; pg-boss:
+   * a per-job heartbeat).
+   */
+  sleepMs?: number;
 }
 
 /** How a worker process runs jobs. */
@@ -54,8 +61,12 @@ export interface Driver {
   enqueueOneInTransaction(payload: Payload): Promise<void>;
   /** Enqueues many jobs with the system's bulk call. */
   enqueueMany(payloads: Payload[]): Promise<void>;
-  /** Starts a long-lived worker that calls `run` once per job it executes. */
-  startWorker(settings: WorkerSettings, run: (payload: Payload) => void): Promise<void>;
+  /**
+   * Starts a long-lived worker that calls `run` once per job it executes; the
+   * job is done when what `run` returns has resolved (a promise only for
+   * jobs with `sleepMs`).
+   */
+  startWorker(settings: WorkerSettings, run: (payload: Payload) => void | Promise<void>): Promise<void>;
   /** Stops the worker after its in-flight jobs settle. */
   stopWorker(): Promise<void>;
   close(): Promise<void>;
