@@ -155,12 +155,10 @@ for (let round = 1; round <= rounds; round++) {
         const ids = rows.map((r) => r.id);
         const done =
           settleMode === 'drop'
-            ? await client.query({ ...(unnamed ? {} : { name: 'drop' }), text: DROP_SQL, values: [ids, owner] })
-            : await client.query({
-                ...(unnamed ? {} : { name: settleMode }),
-                text: settleMode === 'history' ? HISTORY_SQL : SUCCEED_SQL,
-                values: [null, ids, ids.map(() => null), owner],
-              });
+            ? await client.query({ ...(unnamed ? {} : { name: 'drop' }), text: DROP_SQL, values: [ids, owner, rows.map((r) => r.attempts)] })
+            : settleMode === 'history'
+              ? await client.query({ ...(unnamed ? {} : { name: settleMode }), text: HISTORY_SQL, values: [null, ids, ids.map(() => null), owner] })
+              : await client.query({ ...(unnamed ? {} : { name: settleMode }), text: SUCCEED_SQL, values: [null, ids, ids.map(() => null), owner, rows.map((r) => r.attempts)] });
         settleNs += cpuNs(pid) - before;
         settles++;
         settled += done.rowCount ?? 0;

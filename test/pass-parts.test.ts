@@ -98,7 +98,7 @@ describe('the settler', () => {
     const batches: SettledBatch[] = [];
     const errors: unknown[] = [];
     const settler = new Settler(db.pool, 'settler', null, (b) => batches.push(b), (e) => errors.push(e));
-    for (const r of rows) settler.push({ id: r.id, runId: null, state: 'succeeded', output: null });
+    for (const r of rows) settler.push({ id: r.id, runId: null, attempt: r.attempts, state: 'succeeded', output: null });
     expect(settler.unsettled).toBe(5);
     await settler.flush();
     expect(settler.unsettled).toBe(0);
@@ -111,7 +111,7 @@ describe('the settler', () => {
     const [r] = await claimed(1, 'settler-lost');
     const batches: SettledBatch[] = [];
     const settler = new Settler(db.pool, 'someone-else', null, (b) => batches.push(b), () => undefined);
-    settler.push({ id: r!.id, runId: null, state: 'succeeded', output: null });
+    settler.push({ id: r!.id, runId: null, attempt: r!.attempts, state: 'succeeded', output: null });
     await settler.flush();
     expect(batches).toEqual([{ rows: [], size: 1, kept: 0 }]);
   });

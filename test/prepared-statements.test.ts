@@ -76,7 +76,7 @@ describe('named statements the connection lost', () => {
     // The claim is prepared as usual; the settle's name is taken, as on a
     // server connection another client prepared it on.
     const client = await pool.connect();
-    await client.query(`PREPARE outlive_settle AS SELECT 1`);
+    await client.query(`PREPARE outlive_settle_v2 AS SELECT 1`);
     client.release();
     const run = await startRun(pool, 'lost', { a: step(flaky, { fail: true }), b: step(flaky, { fail: false }, { after: ['a'] }) });
     const report = await tick(pool, { tasks: [flaky] });

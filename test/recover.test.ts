@@ -137,7 +137,7 @@ describe('recover', () => {
     // The completion holds its row lock, uncommitted...
     const completer = await db.pool.connect();
     await completer.query('BEGIN');
-    const settled = await completer.query(SETTLE_SQL, [at(1), [id], ['succeeded'], ['{"ok":true}'], [null], [0], [null], 'me']);
+    const settled = await completer.query(SETTLE_SQL, [at(1), [id], ['succeeded'], ['{"ok":true}'], [null], [0], [null], 'me', [1]]);
     expect(settled.rows).toHaveLength(1);
     // ...while recovery runs: it skips the locked row instead of waiting or overwriting.
     expect((await db.pool.query(RECOVER_SQL, [at(10), 100])).rows).toHaveLength(0);
@@ -160,7 +160,7 @@ describe('recover', () => {
     await recoverer.query('BEGIN');
     expect((await recoverer.query(RECOVER_SQL, [at(10), 100])).rows).toHaveLength(1);
     // The completion waits on recovery's row lock, then rechecks its guard.
-    const settling = db.pool.query(SETTLE_SQL, [at(11), [id], ['succeeded'], ['{"ok":true}'], [null], [0], [null], 'me']);
+    const settling = db.pool.query(SETTLE_SQL, [at(11), [id], ['succeeded'], ['{"ok":true}'], [null], [0], [null], 'me', [1]]);
     await new Promise((r) => setTimeout(r, 50));
     await recoverer.query('COMMIT');
     recoverer.release();

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { ConfigError, defineTask, enqueue, NonRetriableError, PassError, RetryAfterError, startRun, step, tick } from '../src/index.js';
+import { ConfigError, defineTask, enqueue, NonRetriableError, PassError, recover, RetryAfterError, startRun, step, tick } from '../src/index.js';
+import type { Outcome } from '../src/pass/execute.js';
 import { claim } from '../src/pass/claim.js';
 import { toExecutor, type PoolLike } from '../src/db/executor.js';
 import { withPreparedStatements } from '../src/db/statements.js';
@@ -32,10 +33,11 @@ function settleArgs(tasks: readonly { id: string }[], owner: string) {
   const list = (f: (id: string) => string) => `'{${tasks.map((t) => f(t.id)).join(',')}}'`;
   const ids = list((id) => id);
   const nulls = list(() => 'null');
+  const attempts = list(() => '1');
   return {
-    succeed: `NULL, ${ids}, ${nulls}, '${owner}'`,
-    settle: `NULL, ${ids}, ${list(() => 'succeeded')}, ${nulls}, ${nulls}, ${list(() => '0')}, ${nulls}, '${owner}'`,
-    drop: `${ids}, '${owner}'`,
+    succeed: `NULL, ${ids}, ${nulls}, '${owner}', ${attempts}`,
+    settle: `NULL, ${ids}, ${list(() => 'succeeded')}, ${nulls}, ${nulls}, ${list(() => '0')}, ${nulls}, '${owner}', ${attempts}`,
+    drop: `${ids}, '${owner}', ${attempts}`,
     lost: `${ids}, '${owner}'`,
   };
 }
@@ -199,6 +201,60 @@ describe('settle', () => {
   });
 });
 
+describe('a row its own pass lost and claimed again', () => {
+  // A pass's lease expired (a GC pause, a frozen VM, the chaos suite's
+  // backdated lease), recovery handed its row back, and the same pass
+  // claimed it again while the first attempt's handler still ran: the
+  // owner matches, so only the attempt tells the late result from the
+  // current one. Seen in the chaos suite: a task succeeded with attempts 3
+  // and the output of attempt 2.
+  const late = (kind: string, id: string, attempt: number): Outcome => {
+    const base = { id, runId: null, attempt };
+    if (kind === 'succeeded') return { ...base, state: 'succeeded', output: '"late"' };
+    if (kind === 'dropped') return { ...base, state: 'succeeded', output: null, drop: true };
+    if (kind === 'retried') return { ...base, state: 'pending', retryAt: null, delayMs: 0, error: { attempt, at: new Date().toISOString(), name: 'Error', message: 'late' } };
+    if (kind === 'released') return { ...base, state: 'released' };
+    return { ...base, state: 'failed', error: { attempt, at: new Date().toISOString(), name: 'Error', message: 'late' } };
+  };
+
+  it.each(['succeeded', 'dropped', 'retried', 'failed', 'released'])('settles only the attempt it is for: a late %s outcome of the lost attempt matches nothing', async (kind) => {
+    await clear();
+    const again = defineTask({ name: 'again', input: z.object({}), run: () => null });
+    const { id } = await enqueue(db.pool, again, {});
+    const pass = withPreparedStatements(db.pool);
+    const req = { owner: 'same', limit: 1, maxTimeoutMs: 60_000, queues: null, names: ['again'], leaseGraceMs: 100, leaseMs: 200, now: null };
+    const [first] = await claim(toExecutor(pass), req);
+    await db.pool.query(`UPDATE outlive.tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, [id]);
+    expect((await recover(db.pool)).rows).toHaveLength(1);
+    await db.pool.query(`UPDATE outlive.tasks SET run_at = now() WHERE id = $1`, [id]);
+    const [second] = await claim(toExecutor(pass), req);
+    expect([first!.attempts, second!.attempts]).toEqual([1, 2]);
+    expect(await settle(pass, 'same', [late(kind, id, first!.attempts)], null)).toEqual([]);
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'running', attempts: 2, lease_owner: 'same' });
+    expect(await settle(pass, 'same', [{ id, runId: null, attempt: 2, state: 'succeeded', output: '"current"' }], null)).toHaveLength(1);
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'succeeded', attempts: 2, output: 'current' });
+  });
+
+  it('of a run: the late outcome of a step’s lost attempt matches nothing, in the one-statement settle and in the transaction', async () => {
+    await clear();
+    const again = defineTask({ name: 'again-run', input: z.object({}), run: () => null });
+    const pass = withPreparedStatements(db.pool);
+    const req = { owner: 'same', limit: 1, maxTimeoutMs: 60_000, queues: null, names: ['again-run'], leaseGraceMs: 100, leaseMs: 200, now: null };
+    for (const kind of ['succeeded', 'failed']) {
+      const run = await startRun(db.pool, `again ${kind}`, { a: step(again, {}), b: step(again, {}, { after: ['a'] }) });
+      const id = run.tasks.a!;
+      const [first] = await claim(toExecutor(pass), req);
+      await db.pool.query(`UPDATE outlive.tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, [id]);
+      await recover(db.pool);
+      await db.pool.query(`UPDATE outlive.tasks SET run_at = now() WHERE id = $1`, [id]);
+      await claim(toExecutor(pass), req);
+      expect(await settle(pass, 'same', [{ ...late(kind, id, first!.attempts), runId: run.id }], null)).toEqual([]);
+      expect(await taskRow(db.pool, id)).toMatchObject({ state: 'running', attempts: 2 });
+      expect(await taskRow(db.pool, run.tasks.b!)).toMatchObject({ state: 'pending', waiting_on: 1 });
+    }
+  });
+});
+
 describe('keepSucceeded: false', () => {
   const count = async (name: string) =>
     (await db.pool.query(`SELECT count(*)::int AS n FROM outlive.tasks WHERE name = $1`, [name])).rows[0].n as number;
@@ -252,7 +308,7 @@ describe('keepSucceeded: false', () => {
       owner: 'pass-a', limit: 1, maxTimeoutMs: 60_000, queues: null, names: ['ping'], leaseGraceMs: 1_000, leaseMs: 60_000, now: null,
     });
     expect(claimed!.id).toBe(id);
-    const success = { id, runId: null, state: 'succeeded' as const, output: null, drop: true as const };
+    const success = { id, runId: null, attempt: 1, state: 'succeeded' as const, output: null, drop: true as const };
     // A pass that does not hold the lease (its own expired and was recovered) deletes nothing.
     expect(await settle(pass, 'pass-b', [success], null)).toEqual([]);
     expect(await taskRow(db.pool, id)).toMatchObject({ state: 'running', lease_owner: 'pass-a' });
@@ -313,9 +369,9 @@ describe('settle plans', () => {
       await client.query('SET plan_cache_mode = force_generic_plan');
       const statements = { SETTLE_SQL, SUCCEED_SQL, SETTLE_RUN_TASKS_SQL, SUCCEED_RUN_TASKS_SQL, DROP_SQL };
       // Values for the parameters of the two shapes of settle (plain and run-task ones share them).
-      const succeedArgs = `NULL, '{1,2}', '{null,null}', 'mine'`;
-      const settleArgs = `NULL, '{1,2}', '{succeeded,failed}', '{null,null}', '{null,null}', '{0,0}', '{null,null}', 'mine'`;
-      const dropArgs = `'{1,2}', 'mine'`;
+      const succeedArgs = `NULL, '{1,2}', '{null,null}', 'mine', '{1,1}'`;
+      const settleArgs = `NULL, '{1,2}', '{succeeded,failed}', '{null,null}', '{null,null}', '{0,0}', '{null,null}', 'mine', '{1,1}'`;
+      const dropArgs = `'{1,2}', 'mine', '{1,1}'`;
       const quadratic: string[] = [];
       // Planned before the table's statistics catch up (autovacuum's analyze
       // runs behind a burst like this one), and after.
@@ -413,15 +469,15 @@ describe('settle plans', () => {
       for (let i = 0; i < 12; i++) {
         await client.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) SELECT 'idle', '{}', 3, 1000 FROM generate_series(1, 3)`);
         const [a, b, c] = await claim(exec, { ...request, limit: 3 });
-        expect(await settle(one, 'pass', [{ id: a!.id, runId: null, state: 'succeeded', output: null }], null)).toHaveLength(1);
-        expect(await settle(one, 'pass', [{ id: b!.id, runId: null, state: 'succeeded', output: null, drop: true }], null)).toHaveLength(1);
-        expect(await settle(one, 'pass', [{ id: c!.id, runId: null, state: 'pending', retryAt: null, delayMs: 60_000, error }], null)).toHaveLength(1);
+        expect(await settle(one, 'pass', [{ id: a!.id, runId: null, attempt: 1, state: 'succeeded', output: null }], null)).toHaveLength(1);
+        expect(await settle(one, 'pass', [{ id: b!.id, runId: null, attempt: 1, state: 'succeeded', output: null, drop: true }], null)).toHaveLength(1);
+        expect(await settle(one, 'pass', [{ id: c!.id, runId: null, attempt: 1, state: 'pending', retryAt: null, delayMs: 60_000, error }], null)).toHaveLength(1);
       }
       const { rows: cached } = await client.query<{ name: string; generic: number }>(
         `SELECT name, generic_plans::int AS generic FROM pg_prepared_statements WHERE name LIKE 'outlive_%' AND name NOT LIKE 'outlive_claim%' ORDER BY name`,
       );
       // The premise: each settle statement has been running its cached generic plan.
-      expect(cached.map((s) => s.name)).toEqual(['outlive_drop', 'outlive_settle', 'outlive_succeed']);
+      expect(cached.map((s) => s.name)).toEqual(['outlive_drop_v2', 'outlive_settle_v2', 'outlive_succeed_v2']);
       for (const s of cached) expect(s.generic).toBeGreaterThan(0);
 
       // The burst: 20,000 rows running under other passes, 20,000 ready.
@@ -431,7 +487,7 @@ describe('settle plans', () => {
       const mine = await claim(exec, { ...request, limit: 500 });
       expect(mine).toHaveLength(500);
       const a = settleArgs(mine, 'pass');
-      const args: Record<string, string> = { outlive_succeed: a.succeed, outlive_drop: a.drop, outlive_settle: a.settle };
+      const args: Record<string, string> = { outlive_succeed_v2: a.succeed, outlive_drop_v2: a.drop, outlive_settle_v2: a.settle };
       const read: string[] = [];
       for (const [name, values] of Object.entries(args)) {
         await client.query('BEGIN');
@@ -443,7 +499,7 @@ describe('settle plans', () => {
       }
       expect(read).toEqual([]);
       // And the settle itself, through the same cached plan.
-      expect(await settle(one, 'pass', mine.map((t) => ({ id: t.id, runId: null, state: 'succeeded' as const, output: null })), null)).toHaveLength(500);
+      expect(await settle(one, 'pass', mine.map((t) => ({ id: t.id, runId: null, attempt: t.attempts, state: 'succeeded' as const, output: null })), null)).toHaveLength(500);
     } finally {
       await client.query('ROLLBACK');
       client.release();

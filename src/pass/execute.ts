@@ -26,7 +26,12 @@ export interface ErrorEntry {
 }
 
 /** What a settle writes for one task. */
-export type Outcome = { id: string; runId: string | null } & (
+export type Outcome = {
+  id: string;
+  runId: string | null;
+  /** The attempt it is the outcome of (the claim counted it): the settle matches only that attempt. */
+  attempt: number;
+} & (
   | {
       state: 'succeeded';
       output: string | null;
@@ -75,7 +80,7 @@ export function entry(err: Error, attempt: number): ErrorEntry {
 export function failure(task: AnyTask | undefined, claimed: ClaimedTask, thrown: unknown): Outcome {
   const err = toError(thrown);
   const error = entry(err, claimed.attempts);
-  const base = { id: claimed.id, runId: claimed.run_id };
+  const base = { id: claimed.id, runId: claimed.run_id, attempt: claimed.attempts };
   const exhausted = claimed.attempts >= claimed.max_attempts;
   if (err instanceof NonRetriableError || exhausted || !task) return { ...base, state: 'failed', error };
   if (err instanceof RetryAfterError) {
@@ -149,12 +154,12 @@ export async function execute(
     const spawns = ctx.spawns;
     if (spawns) {
       checkSpawns(claimed, spawns);
-      return { id: claimed.id, runId: claimed.run_id, state: 'succeeded', output, spawns };
+      return { id: claimed.id, runId: claimed.run_id, attempt: claimed.attempts, state: 'succeeded', output, spawns };
     }
-    if (!task.keepSucceeded && claimed.run_id === null) return { id: claimed.id, runId: null, state: 'succeeded', output, drop: true };
-    return { id: claimed.id, runId: claimed.run_id, state: 'succeeded', output };
+    if (!task.keepSucceeded && claimed.run_id === null) return { id: claimed.id, runId: null, attempt: claimed.attempts, state: 'succeeded', output, drop: true };
+    return { id: claimed.id, runId: claimed.run_id, attempt: claimed.attempts, state: 'succeeded', output };
   } catch (thrown) {
-    if (abort.reason instanceof HandBackError) return { id: claimed.id, runId: claimed.run_id, state: 'released' };
+    if (abort.reason instanceof HandBackError) return { id: claimed.id, runId: claimed.run_id, attempt: claimed.attempts, state: 'released' };
     return failure(task, claimed, thrown);
   } finally {
     if (timer !== undefined) clearTimeout(timer);

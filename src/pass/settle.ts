@@ -1,9 +1,11 @@
 /**
  * Settle: write the outcomes of finished attempts back to their rows.
  *
- * Every settle is a compare-and-set on state and lease owner. A pass whose
- * lease was lost (recovered after expiring, or its task cancelled) matches no
- * row, and its late result is dropped: it cannot overwrite what happened since.
+ * Every settle is a compare-and-set on state, lease owner and attempt. A pass
+ * whose lease was lost (recovered after expiring, or its task cancelled)
+ * matches no row, and its late result is dropped: it cannot overwrite what
+ * happened since, even when the same pass has claimed the row again (the
+ * attempt differs then).
  */
 import { OutliveError, toError } from '../model/errors.js';
 import { entry, type Outcome } from './execute.js';
@@ -25,6 +27,13 @@ export interface SettledRow extends RunRow {
 // The planner may find the rows through tasks_lease_idx, which is keyed by
 // lease owner first (migration 0008), so a settle reads its own pass's
 // running rows there, never every pass's (test/settle.test.ts, "settle plans").
+// The attempt is compared too: a pass whose lease expired may claim the
+// same row again while its first attempt still runs, and only the attempt
+// tells that attempt's late result from the current one. It is compared
+// with IS NOT DISTINCT FROM (both sides are never null): written as `=` it
+// is a second join key, and a generic plan made without statistics joined
+// the batch by rescanning the array for every running row of the pass.
+// This way the rows are joined by id alone, as before, and filtered.
 export const SETTLE_SQL = `
 UPDATE outlive.tasks t
 SET state = (CASE WHEN s.state = 'released' THEN 'pending' ELSE s.state END)::outlive.task_state,
@@ -40,9 +49,9 @@ SET state = (CASE WHEN s.state = 'released' THEN 'pending' ELSE s.state END)::ou
     lease_expires_at = NULL,
     finished_at = CASE WHEN s.state IN ('pending', 'released') THEN NULL ELSE coalesce($1::timestamptz, now()) END,
     updated_at = coalesce($1::timestamptz, now())
-FROM unnest($2::bigint[], $3::text[], $4::text[], $5::timestamptz[], $6::float8[], $7::text[])
-     AS s(id, state, output, retry_at, delay_ms, error)
-WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $8
+FROM unnest($2::bigint[], $3::text[], $4::text[], $5::timestamptz[], $6::float8[], $7::text[], $9::int[])
+     AS s(id, state, output, retry_at, delay_ms, error, attempt)
+WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $8 AND t.attempts IS NOT DISTINCT FROM s.attempt
 RETURNING t.id::text, s.state AS state, t.run_id::text, t.step`;
 
 // The common case, a batch of successes, in a statement of its own: two
@@ -58,8 +67,8 @@ SET state = 'succeeded',
     lease_expires_at = NULL,
     finished_at = coalesce($1::timestamptz, now()),
     updated_at = coalesce($1::timestamptz, now())
-FROM unnest($2::bigint[], $3::text[]) AS s(id, output)
-WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $4
+FROM unnest($2::bigint[], $3::text[], $5::int[]) AS s(id, output, attempt)
+WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $4 AND t.attempts IS NOT DISTINCT FROM s.attempt
 RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
 
 // Successes of standalone tasks defined with keepSucceeded: false: the row
@@ -71,8 +80,8 @@ RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
 // key to outlive.tasks: see db/schema.ts.)
 export const DROP_SQL = `
 DELETE FROM outlive.tasks t
-USING unnest($1::bigint[]) AS s(id)
-WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $2
+USING unnest($1::bigint[], $3::int[]) AS s(id, attempt)
+WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $2 AND t.attempts IS NOT DISTINCT FROM s.attempt
 RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
 
 // Settles of run tasks that neither failed for good nor spawned anything
@@ -120,25 +129,27 @@ interface SettleStatements {
 }
 
 const PLAIN: SettleStatements = {
-  any: { text: SETTLE_SQL, name: 'outlive_settle' },
-  succeeded: { text: SUCCEED_SQL, name: 'outlive_succeed' },
+  any: { text: SETTLE_SQL, name: 'outlive_settle_v2' },
+  succeeded: { text: SUCCEED_SQL, name: 'outlive_succeed_v2' },
 };
 const RUN_TASKS: SettleStatements = {
-  any: { text: SETTLE_RUN_TASKS_SQL, name: 'outlive_settle_runs' },
-  succeeded: { text: SUCCEED_RUN_TASKS_SQL, name: 'outlive_succeed_runs' },
+  any: { text: SETTLE_RUN_TASKS_SQL, name: 'outlive_settle_runs_v2' },
+  succeeded: { text: SUCCEED_RUN_TASKS_SQL, name: 'outlive_succeed_runs_v2' },
 };
 
 function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], now: Date | null, statements = PLAIN): Promise<SettledRow[]> {
   const ids: string[] = new Array(outcomes.length);
+  const attempts: number[] = new Array(outcomes.length);
   if (outcomes.every((o) => o.state === 'succeeded')) {
     const outputs: (string | null)[] = new Array(outcomes.length);
     for (let i = 0; i < outcomes.length; i++) {
       const o = outcomes[i] as Extract<Outcome, { state: 'succeeded' }>;
       ids[i] = o.id;
+      attempts[i] = o.attempt;
       outputs[i] = o.output;
     }
     const { text, name } = statements.succeeded;
-    return db.query<SettledRow>(text, [now, ids, outputs, owner], name);
+    return db.query<SettledRow>(text, [now, ids, outputs, owner, attempts], name);
   }
   const states: string[] = [];
   const outputs: (string | null)[] = [];
@@ -148,6 +159,7 @@ function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], n
   for (let i = 0; i < outcomes.length; i++) {
     const o = outcomes[i]!;
     ids[i] = o.id;
+    attempts[i] = o.attempt;
     states.push(o.state);
     outputs.push(o.state === 'succeeded' ? o.output : null);
     retryAts.push(o.state === 'pending' ? o.retryAt : null);
@@ -155,7 +167,7 @@ function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], n
     errors.push(o.state === 'pending' || o.state === 'failed' ? JSON.stringify(o.error) : null);
   }
   const { text, name } = statements.any;
-  return db.query<SettledRow>(text, [now, ids, states, outputs, retryAts, delays, errors, owner], name);
+  return db.query<SettledRow>(text, [now, ids, states, outputs, retryAts, delays, errors, owner, attempts], name);
 }
 
 /** Settles and applies run knock-ons in one transaction. */
@@ -217,6 +229,7 @@ export async function settle(pool: PoolLike, owner: string, outcomes: readonly O
       const failed: Outcome = {
         id: outcome.id,
         runId: outcome.runId,
+        attempt: outcome.attempt,
         state: 'failed',
         error: entry(new Error(`could not record the outcome: ${err.message}`, { cause: err }), 0),
       };
@@ -255,13 +268,16 @@ function transient(err: unknown): boolean {
 async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
   if (outcomes.every((o) => o.runId === null)) {
     const dropped: string[] = [];
+    const droppedAttempts: number[] = [];
     const kept: Outcome[] = [];
     for (const o of outcomes) {
-      if (o.state === 'succeeded' && o.drop) dropped.push(o.id);
-      else kept.push(o);
+      if (o.state === 'succeeded' && o.drop) {
+        dropped.push(o.id);
+        droppedAttempts.push(o.attempt);
+      } else kept.push(o);
     }
     if (dropped.length === 0) return settleRows(toExecutor(pool), owner, outcomes, now);
-    const drop = (db: Executor) => db.query<SettledRow>(DROP_SQL, [dropped, owner], 'outlive_drop');
+    const drop = (db: Executor) => db.query<SettledRow>(DROP_SQL, [dropped, owner, droppedAttempts], 'outlive_drop_v2');
     if (kept.length === 0) return drop(toExecutor(pool));
     // Both kinds in one batch: one transaction, so that a batch the database
     // refuses is retried outcome by outcome with nothing half written.

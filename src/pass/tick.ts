@@ -256,7 +256,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // Claimed rows wait here for a free slot, in claim order.
   const buffer: { row: ClaimedTask; at: number }[] = [];
   const staleAfterMs = leaseGraceMs / 2;
-  const handBack = (row: ClaimedTask) => settler.push({ id: row.id, runId: row.run_id, state: 'released' });
+  const handBack = (row: ClaimedTask) => settler.push({ id: row.id, runId: row.run_id, attempt: row.attempts, state: 'released' });
   // Handler time, smoothed: how fast buffered tasks will get a slot.
   let avgHandlerMs: number | null = null;
   const bufferLimit = () => {
