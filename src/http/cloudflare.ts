@@ -132,7 +132,8 @@ export function createCloudflareWorker(tasksFor: TasksFor) {
     async fetch(request: Request, env: FunctionsEnv, ctx: ExecutionContext): Promise<Response> {
       const pathname = new URL(request.url).pathname;
       if (pathname === '/dashboard' || pathname.startsWith('/dashboard/')) return dashboard(request, env, ctx, tasksFor);
-      if (pathname !== '/drain') return json(404, { error: 'not found' });
+      // `/drain/` too: the signature treats the two as one endpoint, as platforms redirect between them.
+      if (pathname !== '/drain' && pathname !== '/drain/') return json(404, { error: 'not found' });
       let inv;
       try {
         inv = openInvocation(env, {

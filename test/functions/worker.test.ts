@@ -179,7 +179,16 @@ describe('the drain webhook (POST /drain)', () => {
 
   it('answers 404 elsewhere and 405 to other methods', async () => {
     expect((await text(await main.fetch('/other', { method: 'POST' }))).status).toBe(404);
+    expect((await text(await main.fetch('/drainage', { method: 'POST' }))).status).toBe(404);
     expect((await text(await main.fetch('/drain'))).status).toBe(405);
+  });
+
+  // The signature treats /drain and /drain/ as one endpoint (platforms
+  // redirect between them); the route did not, and answered 404.
+  it('serves /drain/ as /drain: a nudge to it is delivered and its task runs', async () => {
+    const t = await record(3);
+    expect(await nudge(main.url('/drain/'), SECRET)).toEqual({ delivered: true, status: 202 });
+    await waitFor(async () => (await taskRow(db.pool, t.id)).state === 'succeeded', 20_000, 'the task nudged at /drain/ to succeed');
   });
 });
 
