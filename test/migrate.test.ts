@@ -4,8 +4,9 @@ import { join } from 'node:path';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import { migrate as drizzleMigrate } from 'drizzle-orm/node-postgres/migrator';
 import pg from 'pg';
-import { describe, expect, inject, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { migrate } from '../src/node/index.js';
+import { emptyDatabase } from './support/db.js';
 import { MIGRATION_LOCK, MIGRATIONS_FOLDER } from '../src/node/migrate.js';
 
 /** Applies the migrations up to and including `last` (a journal tag's number), as an older outlive would have. */
@@ -22,28 +23,9 @@ async function migrateUpTo(client: pg.Client, last: number): Promise<void> {
   }
 }
 
-async function emptyDatabase(): Promise<{ url: string; drop: () => Promise<void> }> {
-  const admin = new pg.Client({ connectionString: inject('pgUrl') });
-  await admin.connect();
-  const name = `outlive_t_${process.pid}_mig_${Date.now().toString(36)}`;
-  await admin.query(`CREATE DATABASE ${name}`);
-  await admin.end();
-  const u = new URL(inject('pgUrl'));
-  u.pathname = `/${name}`;
-  return {
-    url: u.toString(),
-    drop: async () => {
-      const c = new pg.Client({ connectionString: inject('pgUrl') });
-      await c.connect();
-      await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      await c.end();
-    },
-  };
-}
-
 describe('migrate', () => {
   it('is safe to run twice, and from several processes at once', async () => {
-    const { url, drop } = await emptyDatabase();
+    const { directUrl: url, drop } = await emptyDatabase();
     try {
       await Promise.all([migrate(url), migrate(url), migrate(url)]);
       await migrate(url);
@@ -60,7 +42,7 @@ describe('migrate', () => {
   });
 
   it('moves dependency edges from their tasks to their run, keeping the edges of existing runs (0007)', async () => {
-    const { url, drop } = await emptyDatabase();
+    const { directUrl: url, drop } = await emptyDatabase();
     const c = new pg.Client({ connectionString: url });
     await c.connect();
     try {
@@ -93,7 +75,7 @@ describe('migrate', () => {
   });
 
   it('repairs the counts the double release left, then refuses a negative one; the pass runs what was stuck (0010)', async () => {
-    const { url, drop } = await emptyDatabase();
+    const { directUrl: url, drop } = await emptyDatabase();
     const c = new pg.Client({ connectionString: url });
     await c.connect();
     try {
@@ -130,7 +112,7 @@ describe('migrate', () => {
   });
 
   it('carries tasks running under per-task leases (0010) over to pass leases (0011): the dead pass’s row is recovered and runs once, the live one is left to its pass', async () => {
-    const { url, drop } = await emptyDatabase();
+    const { directUrl: url, drop } = await emptyDatabase();
     const c = new pg.Client({ connectionString: url });
     await c.connect();
     try {
@@ -181,7 +163,7 @@ describe('migrate', () => {
     const ours = readMigrations(MIGRATIONS_FOLDER).map((m) => ({ hash: m.hash, when: m.when, statements: m.statements }));
     const theirs = readMigrationFiles({ migrationsFolder: MIGRATIONS_FOLDER }).map((m) => ({ hash: m.hash, when: m.folderMillis, statements: m.sql }));
     expect(ours).toEqual(theirs);
-    const { url, drop } = await emptyDatabase();
+    const { directUrl: url, drop } = await emptyDatabase();
     const c = new pg.Client({ connectionString: url });
     await c.connect();
     try {
@@ -199,7 +181,7 @@ describe('migrate', () => {
   // and its unlock could land on different server connections, leaving the
   // lock held by a pooled backend, and every later migrate waited forever.
   it('takes a lock that ends with its transaction, and says what to do instead of waiting forever for one held elsewhere', async () => {
-    const { url, drop } = await emptyDatabase();
+    const { directUrl: url, drop } = await emptyDatabase();
     const holder = new pg.Client({ connectionString: url });
     await holder.connect();
     try {

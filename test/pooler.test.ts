@@ -7,41 +7,17 @@
  * a user who pastes a pooled URL should not have to know which pooler it is.
  */
 import pg from 'pg';
-import { describe, expect, inject, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import ws from 'ws';
 import { z } from 'zod';
 import { defineTask, enqueueMany, neonPool, startRun, step, tick, type TickReport } from '../src/index.js';
 import { migrate, MIGRATIONS_FOLDER } from '../src/node/index.js';
 import { readMigrations } from '../src/node/migrate.js';
-import { freshDb } from './support/db.js';
+import { emptyDatabase, freshDb } from './support/db.js';
 import { startWsProxy } from './support/ws-proxy.js';
 
 const db = await freshDb();
 const path = db.pooled ? 'through a transaction pooler' : 'on a direct connection';
-
-/** An empty database, made direct (CREATE DATABASE is an admin statement), and its URL on the suite's path. */
-async function emptyDatabase(): Promise<{ url: string; directUrl: string; drop(): Promise<void> }> {
-  const name = `outlive_t_${process.pid}_empty_${Date.now().toString(36)}`;
-  const admin = new pg.Client({ connectionString: inject('pgUrl') });
-  await admin.connect();
-  await admin.query(`CREATE DATABASE ${name}`);
-  await admin.end();
-  const on = (base: string) => {
-    const u = new URL(base);
-    u.pathname = `/${name}`;
-    return u.toString();
-  };
-  return {
-    url: on(inject('poolerUrl') || inject('pgUrl')),
-    directUrl: on(inject('pgUrl')),
-    async drop() {
-      const c = new pg.Client({ connectionString: inject('pgUrl') });
-      await c.connect();
-      await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      await c.end();
-    },
-  };
-}
 
 describe(`default options ${path}`, () => {
   it('three concurrent migrates and a later one finish; the lock is not left held, so a direct migrate after them finishes too', async () => {

@@ -62,9 +62,7 @@ describe('named statements the connection lost', () => {
 
   it('a statement already prepared under the name the pass uses does not fail the pass', async () => {
     const pool = onePool();
-    const client = await pool.connect();
-    await client.query(`PREPARE outlive_claim_names AS SELECT 1`);
-    client.release();
+    await pool.query(`PREPARE outlive_claim_names AS SELECT 1`);
     const { id } = await enqueue(pool, double, { n: 2 });
     expect(await tick(pool, { tasks: [double] })).toMatchObject({ claimed: 1, succeeded: 1 });
     expect(await states([id])).toEqual(['succeeded']);
@@ -75,9 +73,7 @@ describe('named statements the connection lost', () => {
     const pool = onePool();
     // The claim is prepared as usual; the settle's name is taken, as on a
     // server connection another client prepared it on.
-    const client = await pool.connect();
-    await client.query(`PREPARE outlive_settle_v2 AS SELECT 1`);
-    client.release();
+    await pool.query(`PREPARE outlive_settle_v2 AS SELECT 1`);
     const run = await startRun(pool, 'lost', { a: step(flaky, { fail: true }), b: step(flaky, { fail: false }, { after: ['a'] }) });
     const report = await tick(pool, { tasks: [flaky] });
     expect(report).toMatchObject({ claimed: 1, failed: 1, lostLeases: 0 });

@@ -70,7 +70,7 @@ function pathOf(pool: PoolLike): Path {
   return path;
 }
 
-/** The wrapper's marker: it names the mode, and that a transaction may be run again after the path was learned. */
+/** Marks a wrapper, and says whether a transaction on it that lost a prepared statement may run again unnamed. */
 const RELEARNS = Symbol('outlive.relearns');
 
 interface StatementsPool extends PoolLike {

@@ -142,7 +142,7 @@ export class LeaseWatch {
     await this.renewing?.catch(() => undefined);
     if (this.renewedAt === null) return;
     this.renewedAt = null;
-    // Not letting it go only delays nothing: an expired lease holds nothing, and recovery deletes it.
+    // If this fails the lease just expires: an expired lease holds nothing, and recovery deletes it.
     await this.exec.query(END_LEASE_SQL, [this.lease.owner]).catch(() => undefined);
   }
 }

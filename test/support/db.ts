@@ -64,10 +64,7 @@ export async function freshDb(): Promise<TestDb> {
   const dropDb = async () => {
     await pool.end();
     if (direct && direct !== pool) await direct.end();
-    const drop = new pg.Client({ connectionString: adminUrl });
-    await drop.connect();
-    await drop.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-    await drop.end();
+    await dropDatabase(name);
   };
   // Made inside a test, it is dropped when that test ends (an afterAll
   // registered while a test runs is never called: four databases were left
@@ -88,4 +85,28 @@ export async function freshDb(): Promise<TestDb> {
     },
     rows: async (text, params) => (await pool.query(text, params)).rows,
   };
+}
+
+async function dropDatabase(name: string): Promise<void> {
+  const admin = new pg.Client({ connectionString: inject('pgUrl') });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+  await admin.end();
+}
+
+/**
+ * Creates an empty database (no outlive schema: for tests of migrate), made
+ * direct as an admin statement; `url` reaches it on the suite's path (through
+ * its pooler when it has one), `directUrl` straight. `drop` may be called
+ * early; it is dropped when the test ends in any case.
+ */
+export async function emptyDatabase(): Promise<{ url: string; directUrl: string; drop(): Promise<void> }> {
+  const name = `outlive_t_${process.pid}_empty_${Date.now().toString(36)}_${counter++}`;
+  const admin = new pg.Client({ connectionString: inject('pgUrl') });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${name}`);
+  await admin.end();
+  const drop = () => dropDatabase(name);
+  onTestFinished(drop);
+  return { url: urlOn(inject('poolerUrl') || inject('pgUrl'), name), directUrl: urlOn(inject('pgUrl'), name), drop };
 }
