@@ -1,5 +1,5 @@
 /**
- * `npx tsx loop.ts [--clients K] [--batch B] [--tasks N] [--others M] [--rounds R] [--settle keep|drop|history] [--names K] [--unknown U] [--statements named|unnamed] [--pooler]`
+ * `npx tsx loop.ts [--clients K] [--batch B] [--tasks N] [--others M] [--rounds R] [--settle keep|drop|history] [--names K] [--unknown U] [--statements named|unnamed] [--pooler] [--no-lease-index]`
  *
  * A closer look than the harness's phases: K connections run outlive's claim
  * and settle statements (outlive.claim, SUCCEED_SQL) back to back over N pending
@@ -18,9 +18,11 @@
  * pass knows ahead of the others in claim order, as a rolling deploy would
  * leave them, so every claim reads past them. `--statements unnamed` sends
  * the claim and the settle unnamed, as a pass does once it learned that its
- * path keeps no prepared statements; `--pooler` runs through a PgBouncer in
- * transaction mode (Debian's, started here; one client only, so its
- * backend, whose CPU is read, stays the same). Prints, per round: tasks/s,
+ * path keeps no prepared statements; `--no-lease-index` drops tasks_lease_idx
+ * from the template (recovery's index: a design without it, measured);
+ * `--pooler` runs through a PgBouncer in transaction mode (Debian's,
+ * started here; one client only, so its backend, whose CPU is read, stays
+ * the same). Prints, per round: tasks/s,
  * Postgres CPU per 1,000 tasks split into claim and settle, and index entries
  * read per claim and per settle (pg_stat_user_indexes).
  *
@@ -51,6 +53,7 @@ const { values } = parseArgs({
     unknown: { type: 'string', default: '0' },
     statements: { type: 'string', default: 'named' },
     pooler: { type: 'boolean', default: false },
+    'no-lease-index': { type: 'boolean', default: false },
   },
 });
 const clients = Number(values.clients);
@@ -91,6 +94,12 @@ const admin = await Admin.connect();
 const pooler = values.pooler ? await startPgBouncer(urlFor(DB)) : null;
 await admin.recreate(TEMPLATE);
 await migrate(urlFor(TEMPLATE));
+if (values['no-lease-index']) {
+  const template = new pg.Client({ connectionString: urlFor(TEMPLATE) });
+  await template.connect();
+  await template.query('DROP INDEX outlive.tasks_lease_idx');
+  await template.end();
+}
 if (settleMode === 'history') {
   const template = new pg.Client({ connectionString: urlFor(TEMPLATE) });
   await template.connect();

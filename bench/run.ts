@@ -26,6 +26,7 @@ import {
   enqueueSingle,
   latency,
   liveness,
+  recovery,
   prepareTemplate,
   templateOf,
   type Context,
@@ -80,6 +81,7 @@ const STEPS: Step[] = [
   { phases: ['serverless'], systems: ['outlive'], run: async (ctx, s) => [await serverless(ctx, s)] },
   // outlive-drop sits it out (takesPart): the jobs are still waiting, so how a success settles does not come in.
   { phases: ['liveness'], systems: ['outlive', 'graphile-worker', 'pg-boss'], run: async (ctx, s) => [await liveness(ctx, s)] },
+  { phases: ['recovery'], systems: 'all', run: async (ctx, s) => [await recovery(ctx, s)] },
 ];
 
 function fmt(n: number): string {
@@ -107,7 +109,8 @@ function line(r: PhaseResult): string {
       `${exact(`whole wait ${fmt(m.waitSec!)} s`, m.waitWalRowWritesPerSec, m.waitWalHotPerSec, m.waitDbWalKBPerSec)} (from the WAL records)` +
       `\n    pg_stat_user_tables: window ${fmt(m.writesPerSec!)} row writes/s (${fmt(m.hotWritesPerSec!)} HOT), whole wait ${fmt(m.waitWritesPerSec!)} ` +
       `(${fmt(m.waitHotWritesPerSec!)} HOT); server-wide WAL (pg_current_wal_lsn): window ${fmt(m.walKBPerSec!)} kB/s, whole wait ${fmt(m.waitWalKBPerSec!)} kB/s`;
-  } else main = `${fmt(m.tasksPerSec!)} tasks/s`;
+  } else if (r.phase === 'recovery') main = `handed back ${fmt(m.releasedSec!)} s after the kill, all started again after ${fmt(m.rerunSec!)} s`;
+  else main = `${fmt(m.tasksPerSec!)} tasks/s`;
   const per = m.queriesPerTask !== undefined
     ? ` | ${fmt(m.queriesPerTask)} queries, ${fmt(m.commitsPerTask!)} commits/task, PG CPU ${m.pgCpuMsPer1k === undefined ? '?' : fmt(m.pgCpuMsPer1k)} ms/1k`
     : '';

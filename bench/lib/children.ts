@@ -168,6 +168,14 @@ export class Child {
     });
   }
 
+  /** Kills the process at once (SIGKILL), as a platform or the OOM killer would, and waits until it is gone. */
+  async kill(): Promise<void> {
+    if (this.exited) return;
+    const gone = new Promise<void>((resolve) => this.proc.once('exit', () => resolve()));
+    this.proc.kill('SIGKILL');
+    await gone;
+  }
+
   /** Asks the child to exit, and kills it if it has not within a few seconds. */
   async stop(): Promise<void> {
     if (this.exited) return;

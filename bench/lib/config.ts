@@ -34,6 +34,8 @@ export interface Sizes {
   livenessSleepMs: number;
   /** The measured window while they all wait, in ms (it must end before the first of them can finish). */
   livenessWindowMs: number;
+  /** Recovery phase: jobs running in the process that is killed. */
+  recoveryTasks: number;
 }
 
 /** The issue's sizes (issue 7). */
@@ -56,6 +58,7 @@ export const FULL: Sizes = {
   livenessTasks: 1_000,
   livenessSleepMs: 20_000,
   livenessWindowMs: 10_000,
+  recoveryTasks: 1_000,
 };
 
 /** A few hundred jobs, one round: keeps the harness from rotting in CI; its numbers mean nothing. */
@@ -80,6 +83,7 @@ export const SMOKE: Sizes = {
   livenessTasks: 20,
   livenessSleepMs: 5_000,
   livenessWindowMs: 1_000,
+  recoveryTasks: 20,
 };
 
 /** The phases, in the order a round runs them. */
@@ -95,6 +99,7 @@ export const PHASES = [
   'dag-spawn',
   'serverless',
   'liveness',
+  'recovery',
 ] as const;
 export type PhaseName = (typeof PHASES)[number];
 
@@ -109,9 +114,17 @@ const ONLY: Partial<Record<SystemName, readonly PhaseName[]>> = {
   'outlive-drop': ['drain-1', 'drain-2', 'latency'],
 };
 
+/**
+ * Phases a system sits out. graphile-worker leaves a crashed worker's jobs
+ * locked for 4 hours: the recovery phase would have nothing to time.
+ */
+const NEVER: Partial<Record<SystemName, readonly PhaseName[]>> = {
+  'graphile-worker': ['recovery'],
+};
+
 /** Whether `system` takes part in `phase` (phases run by one system alone say so in run.ts). */
 export function takesPart(system: SystemName, phase: PhaseName): boolean {
-  return ONLY[system]?.includes(phase) ?? true;
+  return (ONLY[system]?.includes(phase) ?? true) && !NEVER[system]?.includes(phase);
 }
 
 /** What one invocation runs. */
@@ -137,7 +150,7 @@ const USAGE = `usage: npm run bench -- [options]
   --phases a,b        only these phases: ${PHASES.join(', ')}
   --systems a,b       only these systems: ${SYSTEMS.join(', ')}
                       (outlive-drop, outlive deleting succeeded rows, runs drain-1, drain-2, latency only;
-                      liveness runs outlive, graphile-worker and pg-boss)
+                      liveness runs outlive, graphile-worker and pg-boss; recovery outlive and pg-boss)
   --docs / --no-docs  write docs/benchmarks.md and its images (default: on, off with --smoke)
   --note TEXT         a note to print above the results
   --from FILE         measure nothing: rewrite docs/benchmarks.md from a saved run (bench/results/*.json)
@@ -223,6 +236,7 @@ export function parseArgs(argv: readonly string[]): Options {
     dagLeaves: scaled(base.dagLeaves),
     serverlessTasks: scaled(base.serverlessTasks),
     livenessTasks: scaled(base.livenessTasks),
+    recoveryTasks: scaled(base.recoveryTasks),
   };
   return {
     smoke,

@@ -966,3 +966,100 @@ export async function liveness(ctx: Context, system: SystemName): Promise<PhaseR
     ...(check.ok ? {} : { error: `not exactly once: ${check.text}` }),
   };
 }
+
+/**
+ * The recovery phase's jobs wait this long: none finishes by itself while the
+ * phase watches. (outlive's driver gives them a timeout of twice this, which
+ * must fit in the worker's default pass budget of 300 s to be claimed.)
+ */
+const RECOVERY_SLEEP_MS = 120_000;
+/**
+ * The worker is killed this long after it holds every job: past outlive's
+ * first renewal of its pass lease (every 15 s), so the kill lands where a
+ * lease was last written mid-way through a long wait, not at the claim.
+ */
+const RECOVERY_KILL_AFTER_MS = 20_000;
+/** The longest the phase waits for the jobs to be handed back (pg-boss promises 30-90 s). */
+const RECOVERY_TIMEOUT_MS = 240_000;
+
+/**
+ * Recovery: one worker process holds `recoveryTasks` long jobs and is
+ * SIGKILLed; a second process, already running and idle, is what notices.
+ * Measures the time from the kill until no job is held under the dead
+ * worker's claims any more (each is ready again or waiting for its retry),
+ * and until the second process has started every one of them again.
+ */
+export async function recovery(ctx: Context, system: SystemName): Promise<PhaseResult> {
+  const heldSince = SQL[system].heldSince;
+  if (!heldSince) throw new Error(`recovery: ${system} does not hand back a dead worker's jobs within a phase (${RECOVERY[system] ?? 'no recovery'})`);
+  const n = ctx.sizes.recoveryTasks;
+  const db = await freshDb(ctx, system);
+  const enqueuer = await spawn(ctx, system);
+  await enqueuer.call('open', { url: urlFor(db) });
+  await enqueuer.call('enqueueBulk', { from: 0, count: n, chunk: n, sleepMs: RECOVERY_SLEEP_MS });
+  await retire(ctx, enqueuer);
+
+  const probe = await Probe.connect(db);
+  const doomed = await spawn(ctx, system);
+  const rescuer = await spawn(ctx, system);
+  try {
+    await doomed.call('open', { url: urlFor(db) });
+    const goAt = epochMs();
+    await doomed.call('startWorker', { concurrency: n, size: n });
+    for (;;) {
+      const [row] = await probe.rows<{ n: number }>(SQL[system].running);
+      if (row!.n >= n && doomed.ran >= n) break;
+      if (epochMs() - goAt > 120_000) throw new Error(`recovery: ${row!.n} of ${n} jobs held and ${doomed.ran} started after 120 s`);
+      await sleep(50);
+    }
+    const heldAt = epochMs();
+    // The rescuer starts idle: every job is held by the doomed worker.
+    await rescuer.call('open', { url: urlFor(db) });
+    await rescuer.call('startWorker', { concurrency: n, size: n });
+    await sleep(heldAt + RECOVERY_KILL_AFTER_MS - epochMs());
+    if (rescuer.ran > 0) throw new Error(`recovery: the second worker started ${rescuer.ran} jobs before the kill`);
+
+    const killedAt = epochMs();
+    await doomed.kill();
+    ctx.live.delete(doomed);
+    let releasedAt: number | null = null;
+    let rerunAt: number | null = null;
+    for (;;) {
+      const [r] = await probe.rows<{ held: number; again: number }>(heldSince, [killedAt]);
+      const at = epochMs();
+      if (releasedAt === null && r!.held === 0) {
+        if (r!.again !== n) throw new Error(`recovery: no job held any more, but only ${r!.again} of ${n} handed back`);
+        releasedAt = at;
+      }
+      if (rerunAt === null && rescuer.ran >= n) rerunAt = at;
+      if (releasedAt !== null && rerunAt !== null) break;
+      if (at - killedAt > RECOVERY_TIMEOUT_MS) {
+        throw new Error(`recovery: ${RECOVERY_TIMEOUT_MS / 1000} s after the kill, ${r!.held} of ${n} jobs still held by the dead worker and ${rescuer.ran} started again`);
+      }
+      await sleep(100);
+    }
+    const [left] = await probe.rows<{ n: number }>(SQL[system].remaining);
+    if (left!.n !== n || rescuer.ran !== n) throw new Error(`recovery: ${left!.n} of ${n} jobs unfinished and ${rescuer.ran} started again (each should be once)`);
+    const releasedSec = (releasedAt - killedAt) / 1000;
+    const rerunSec = (rerunAt - killedAt) / 1000;
+    return {
+      phase: 'recovery',
+      system,
+      round: ctx.round,
+      metrics: { releasedSec, rerunSec, startupMs: heldAt - goAt },
+      check: `all ${n} jobs handed back once and started again once by the second worker`,
+      notes: [
+        `killed ${RECOVERY_KILL_AFTER_MS / 1000} s after it held all ${n} jobs (${Math.round(heldAt - goAt)} ms after it started); ` +
+          `no job held by the dead worker ${releasedSec.toFixed(1)} s after the kill, all ${n} started again by the second worker after ${rerunSec.toFixed(1)} s`,
+        `promise: ${RECOVERY[system] ?? 'n/a'}`,
+      ],
+    };
+  } finally {
+    await probe.close();
+    // The jobs sleep for minutes: stopping a worker would wait for them.
+    for (const child of [doomed, rescuer]) {
+      await child.kill();
+      ctx.live.delete(child);
+    }
+  }
+}

@@ -126,6 +126,8 @@ export function summarize(record: RunRecord): string {
   row('Liveness: WAL (server-wide)', 'liveness', 'walKBPerSec', 'kB/s');
   row('Liveness: stats writes, whole wait', 'liveness', 'waitWritesPerSec', 'rows/s');
   row('Liveness: WAL server-wide, whole wait', 'liveness', 'waitWalKBPerSec', 'kB/s');
+  row('Recovery: dead worker\'s jobs handed back', 'recovery', 'releasedSec', 's');
+  row('Recovery: all started again', 'recovery', 'rerunSec', 's');
   for (const r of record.results.filter((x) => x.skipped)) lines.push(`${r.phase}: skipped: ${r.skipped}`);
   return lines.join('\n');
 }
@@ -288,6 +290,31 @@ function resultsSection(record: RunRecord, images: { throughput: string; latency
       ['recovery of a dead worker\'s jobs', ...lsys.map((sys) => RECOVERY[sys] ?? '—')],
     ];
     out.push(table(['', ...lsys], rows));
+  }
+
+  if (ran(record, 'recovery')) {
+    const rsys = systems.filter((sys) => takesPart(sys, 'recovery'));
+    out.push('', `### Recovery: a worker holding ${s.recoveryTasks.toLocaleString('en-US')} jobs is SIGKILLed (lower is better)`, '');
+    out.push(
+      `One process holds ${s.recoveryTasks.toLocaleString('en-US')} jobs that each wait 2 minutes; a second process, started once they are all held, sits idle. ` +
+        'The first is killed (SIGKILL) 20 s after it held them all, past outlive\'s first renewal of its pass lease. ' +
+        'Timed from the kill: until no job is held under the dead worker\'s claims (each is ready again or waiting for its retry), and until the second process has started every one again. ' +
+        'outlive\'s second process is `createWorker` with its defaults (a pass every 2 s when idle, recovery at most once per 2 s; lease 30 s, grace 5 s); ' +
+        'pg-boss\'s is a worker of its own, whose supervisor runs every 60 s, with each job sent with `heartbeatSeconds: 30`. ' +
+        'graphile-worker is not timed: its crashed worker\'s jobs stay locked for 4 hours.',
+      '',
+    );
+    const c = (sys: SystemName, k: string, d?: number) => cell(metric(record, 'recovery', sys, k), d);
+    out.push(
+      table(
+        ['', ...rsys],
+        [
+          ['handed back after the kill (s)', ...rsys.map((sys) => c(sys, 'releasedSec', 1))],
+          ['all started again after the kill (s)', ...rsys.map((sys) => c(sys, 'rerunSec', 1))],
+          ['what it promises', ...rsys.map((sys) => RECOVERY[sys] ?? '—')],
+        ],
+      ),
+    );
   }
 
   const profiled = (['drain-1', 'latency', 'dag'] as PhaseName[]).filter((p) => ran(record, p));

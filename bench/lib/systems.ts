@@ -26,6 +26,13 @@ export interface SystemSql {
    * the concurrency means fetched to run).
    */
   running: string;
+  /**
+   * One row `{ held, again }` at epoch ms $1 (the moment a worker was
+   * killed): jobs still held under a claim made before it, and jobs handed
+   * back since (ready to run, waiting for their retry, or claimed again).
+   * Null where a dead worker's jobs are not handed back within a phase.
+   */
+  heldSince: string | null;
 }
 
 /** The SQL of each system, by name. */
@@ -40,6 +47,9 @@ export const SQL: Record<SystemName, SystemSql> = {
                FROM outlive.tasks`,
     schema: 'outlive',
     running: `SELECT count(*)::int AS n FROM outlive.tasks WHERE state = 'running'`,
+    heldSince: `SELECT count(*) FILTER (WHERE state = 'running' AND started_at < to_timestamp($1::float8 / 1000))::int AS held,
+                       count(*) FILTER (WHERE state = 'pending' OR (state = 'running' AND started_at >= to_timestamp($1::float8 / 1000)))::int AS again
+                FROM outlive.tasks`,
   },
   'outlive-drop': {
     db: 'bench_outlive_drop',
@@ -54,6 +64,9 @@ export const SQL: Record<SystemName, SystemSql> = {
                FROM outlive.tasks`,
     schema: 'outlive',
     running: `SELECT count(*)::int AS n FROM outlive.tasks WHERE state = 'running'`,
+    heldSince: `SELECT count(*) FILTER (WHERE state = 'running' AND started_at < to_timestamp($1::float8 / 1000))::int AS held,
+                       count(*) FILTER (WHERE state = 'pending' OR (state = 'running' AND started_at >= to_timestamp($1::float8 / 1000)))::int AS again
+                FROM outlive.tasks`,
   },
   'graphile-worker': {
     db: 'bench_graphile',
@@ -66,6 +79,8 @@ export const SQL: Record<SystemName, SystemSql> = {
                FROM graphile_worker._private_jobs`,
     schema: 'graphile_worker',
     running: `SELECT count(*)::int AS n FROM graphile_worker._private_jobs WHERE locked_at IS NOT NULL`,
+    // A crashed worker's jobs stay locked for 4 hours.
+    heldSince: null,
   },
   'pg-boss': {
     db: 'bench_pgboss',
@@ -77,5 +92,8 @@ export const SQL: Record<SystemName, SystemSql> = {
                FROM pgboss.job WHERE name = 'noop'`,
     schema: 'pgboss',
     running: `SELECT count(*)::int AS n FROM pgboss.job WHERE name = 'noop' AND state = 'active'`,
+    heldSince: `SELECT count(*) FILTER (WHERE state = 'active' AND started_on < to_timestamp($1::float8 / 1000))::int AS held,
+                       count(*) FILTER (WHERE state IN ('created', 'retry') OR (state = 'active' AND started_on >= to_timestamp($1::float8 / 1000)))::int AS again
+                FROM pgboss.job WHERE name = 'noop'`,
   },
 };
