@@ -1,5 +1,5 @@
 /**
- * `npx tsx loop.ts [--clients K] [--batch B] [--tasks N] [--others M] [--rounds R] [--settle keep|drop|history] [--names K] [--unknown U] [--statements named|unnamed] [--pooler] [--no-lease-index]`
+ * `npx tsx loop.ts [--clients K] [--batch B] [--tasks N] [--others M] [--rounds R] [--settle keep|drop|history] [--names K] [--unknown U] [--statements named|unnamed] [--pooler] [--template-sql SQL] [--db NAME]`
  *
  * A closer look than the harness's phases: K connections run outlive's claim
  * and settle statements (outlive.claim, SUCCEED_SQL) back to back over N pending
@@ -18,8 +18,11 @@
  * pass knows ahead of the others in claim order, as a rolling deploy would
  * leave them, so every claim reads past them. `--statements unnamed` sends
  * the claim and the settle unnamed, as a pass does once it learned that its
- * path keeps no prepared statements; `--no-lease-index` drops tasks_lease_idx
- * from the template (recovery's index: a design without it, measured);
+ * path keeps no prepared statements; `--template-sql` runs a statement on
+ * the template first, to compare a schema or a setting (`DROP INDEX
+ * outlive.tasks_lease_idx`, `ALTER TABLE outlive.tasks SET (fillfactor =
+ * 100)`); `--db`
+ * names the database, so two loops can run side by side on two databases;
  * `--pooler` runs through a PgBouncer in transaction mode (Debian's,
  * started here; one client only, so its backend, whose CPU is read, stays
  * the same). Prints, per round: tasks/s,
@@ -53,7 +56,8 @@ const { values } = parseArgs({
     unknown: { type: 'string', default: '0' },
     statements: { type: 'string', default: 'named' },
     pooler: { type: 'boolean', default: false },
-    'no-lease-index': { type: 'boolean', default: false },
+    db: { type: 'string', default: 'bench_loop' },
+    'template-sql': { type: 'string', default: '' },
   },
 });
 const clients = Number(values.clients);
@@ -88,16 +92,17 @@ INSERT INTO outlive.bench_history
 SELECT id, name, queue, input, output::jsonb, attempts, created_at, started_at, coalesce($1::timestamptz, now()) FROM d
 RETURNING id::text`;
 
-const TEMPLATE = 'bench_loop_tpl';
-const DB = 'bench_loop';
+// --db names the database, so that two loops can run side by side, each on its own.
+const DB = values.db;
+const TEMPLATE = `${DB}_tpl`;
 const admin = await Admin.connect();
 const pooler = values.pooler ? await startPgBouncer(urlFor(DB)) : null;
 await admin.recreate(TEMPLATE);
 await migrate(urlFor(TEMPLATE));
-if (values['no-lease-index']) {
+if (values['template-sql']) {
   const template = new pg.Client({ connectionString: urlFor(TEMPLATE) });
   await template.connect();
-  await template.query('DROP INDEX outlive.tasks_lease_idx');
+  await template.query(values['template-sql']);
   await template.end();
 }
 if (settleMode === 'history') {

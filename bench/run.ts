@@ -12,6 +12,7 @@
  * phase (takesPart in lib/config.ts). Results go to bench/results/ and, for
  * full runs, into docs/benchmarks.md with plots.
  */
+import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -42,16 +43,27 @@ const BENCH = fileURLToPath(new URL('.', import.meta.url));
 const SRC = fileURLToPath(new URL('../src/', import.meta.url));
 
 /**
- * A short hash of the engine's source files. The harness measures the working
- * tree, which may change while a run is going; the report says so when the
- * hash differs between rounds.
+ * A short hash of the engine's source files, in every folder of src/. The
+ * harness measures the working tree, which may change while a run is going;
+ * the report says so when the hash differs between rounds.
  */
 function sourceHash(): string {
   const hash = createHash('sha1');
-  for (const file of readdirSync(SRC).filter((f) => f.endsWith('.ts')).sort()) {
+  for (const file of readdirSync(SRC, { recursive: true, encoding: 'utf8' }).filter((f) => f.endsWith('.ts')).sort()) {
     hash.update(file).update(readFileSync(`${SRC}/${file}`));
   }
   return hash.digest('hex').slice(0, 10);
+}
+
+/** The commit measured, and whether the working tree differed from it; null outside a git checkout. */
+function commitMeasured(): string | null {
+  try {
+    const git = (...args: string[]) => execFileSync('git', args, { cwd: BENCH, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+    const head = git('rev-parse', '--short', 'HEAD');
+    return git('status', '--porcelain', '--untracked-files=no') === '' ? head : `${head} with uncommitted changes`;
+  } catch {
+    return null;
+  }
 }
 
 /** One unit of work of a round: which phases it reports, for which systems, and how it runs one system. */
@@ -127,6 +139,7 @@ async function main(): Promise<void> {
     return;
   }
   const started = new Date();
+  const commit = commitMeasured();
   const outlive = outliveRuntime();
   const peer = peerRuntime();
   console.log(`bench: ${options.smoke ? 'smoke' : 'full'} run, ${options.rounds} round(s), server ${SERVER_URL.replace(/:[^:@/]*@/, ':***@')}`);
@@ -212,6 +225,7 @@ async function main(): Promise<void> {
     server,
     runtimes: { outlive: outlive.version, peers: peer.version },
     sources,
+    commit,
     versions,
     results,
   };

@@ -31,8 +31,10 @@ export interface RunRecord {
   machine: { cpu: string; cores: number; memoryGiB: number; os: string; loadavg: number[][] };
   server: { version: string; settings: Record<string, string> };
   runtimes: { outlive: string; peers: string };
-  /** A hash of src/*.ts at the start of each round. */
+  /** A hash of the .ts files in every folder of src/ at the start of each round. */
   sources?: string[];
+  /** The commit the run measured (`git rev-parse --short HEAD`), and whether the working tree differed. */
+  commit?: string | null;
   versions: Partial<Record<SystemName, SystemInfo>>;
   results: PhaseResult[];
 }
@@ -140,13 +142,14 @@ function resultsSection(record: RunRecord, images: { throughput: string; latency
   const minutes = (Date.parse(record.finishedAt) - Date.parse(record.startedAt)) / 60_000;
   const loads = record.machine.loadavg.map((l) => l[0]!.toFixed(1));
   const out: string[] = [RESULTS_START, ''];
-  out.push(`_Run of ${record.startedAt.slice(0, 16).replace('T', ' ')} UTC, ${o.rounds} round(s), ${minutes.toFixed(1)} min. Cells: median over rounds, with <sub>min–max</sub>._`);
+  const of = record.commit ? ` of commit ${record.commit}` : '';
+  out.push(`_Run${of} on ${record.startedAt.slice(0, 16).replace('T', ' ')} UTC, ${o.rounds} round(s), ${minutes.toFixed(1)} min. Cells: median over rounds, with <sub>min–max</sub>._`);
   if (o.note) out.push('', `> **Note.** ${o.note}`);
   const sources = record.sources ?? [];
   if (new Set(sources).size > 1) {
     out.push(
       '',
-      `> **The engine changed during this run.** The hash of src/*.ts at the start of each round: ${sources.join(', ')}. ` +
+      `> **The engine changed during this run.** The hash of the .ts files of src/ at the start of each round: ${sources.join(', ')}. ` +
         'Rounds with different hashes measured different code; medians mix them.',
     );
   }
@@ -166,7 +169,8 @@ function resultsSection(record: RunRecord, images: { throughput: string; latency
       `concurrency ${s.concurrency} per worker process; latency: ${s.latencyCount} jobs ${s.latencySpacingMs} ms apart after ${s.latencyIdleMs} ms idle; ` +
       `claim: ${s.claimFinished.toLocaleString('en-US')} finished + ${s.claimPendingBesideFinished.toLocaleString('en-US')} pending rows, and ${s.claimPending.toLocaleString('en-US')} pending rows, ${s.claimReps} claims of ${s.claimLimit}; ` +
       `DAG: 1 root, ${s.dagLeaves.toLocaleString('en-US')} tasks after it, 1 join after them; serverless: ${s.serverlessTasks.toLocaleString('en-US')} jobs; ` +
-      `liveness: ${s.livenessTasks.toLocaleString('en-US')} jobs waiting ${s.livenessSleepMs / 1000} s each in one process at concurrency ${s.livenessTasks.toLocaleString('en-US')}, window ${s.livenessWindowMs / 1000} s`,
+      `liveness: ${s.livenessTasks.toLocaleString('en-US')} jobs waiting ${s.livenessSleepMs / 1000} s each in one process at concurrency ${s.livenessTasks.toLocaleString('en-US')}, window ${s.livenessWindowMs / 1000} s` +
+      (s.recoveryTasks === undefined ? '' : `; recovery: ${s.recoveryTasks.toLocaleString('en-US')} jobs held by the process that is killed`),
   ]);
   info.push(['command', `\`cd bench && npm install && npm run bench${o.smoke ? ' -- --smoke' : ''}\``]);
   out.push(table(['', ''], info).replace('|---|--:|', '|---|---|'));

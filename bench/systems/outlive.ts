@@ -151,7 +151,9 @@ export function createDriver(options: OutliveOptions = {}): Driver {
       await txClient.query('COMMIT');
     },
     async enqueueMany(payloads) {
-      const longest = Math.max(0, ...payloads.map((p) => p.sleepMs ?? 0));
+      // A loop, not Math.max(...spread): a spread of 300,000 arguments overflows the stack.
+      let longest = 0;
+      for (const p of payloads) longest = Math.max(longest, p.sleepMs ?? 0);
       await outlive.enqueueMany(pool!, noop!, payloads, longest > 0 ? { timeoutMs: longTimeoutMs(longest) } : {});
     },
     async startWorker(settings: WorkerSettings, run) {
