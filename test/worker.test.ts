@@ -257,6 +257,9 @@ describe('the worker in this process (createWorker)', () => {
       (await own.rows<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, [applicationName]))[0]?.pid;
     const before = await listenerPid();
     expect(before).toBeDefined();
+    // The pass start() wakes must be over, or it may claim the task below
+    // itself, and the test would not show that the reconnect runs it.
+    await until(async () => worker.stats.passes >= 1);
 
     await own.pool.query('SELECT pg_terminate_backend($1)', [before]);
     await log.waitFor(/LISTEN connection lost/);
