@@ -23,6 +23,20 @@ async function migrateUpTo(client: pg.Client, last: number): Promise<void> {
   }
 }
 
+/** Runs `body` on a new empty database brought up to migration `last`, with a client on it; drops the database after. */
+async function atMigration(last: number, body: (c: pg.Client, url: string) => Promise<void>): Promise<void> {
+  const { directUrl: url, drop } = await emptyDatabase();
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    await migrateUpTo(c, last);
+    await body(c, url);
+  } finally {
+    await c.end();
+    await drop();
+  }
+}
+
 describe('migrate', () => {
   it('is safe to run twice, and from several processes at once', async () => {
     const { directUrl: url, drop } = await emptyDatabase();
@@ -42,11 +56,7 @@ describe('migrate', () => {
   });
 
   it('moves dependency edges from their tasks to their run, keeping the edges of existing runs (0007)', async () => {
-    const { directUrl: url, drop } = await emptyDatabase();
-    const c = new pg.Client({ connectionString: url });
-    await c.connect();
-    try {
-      await migrateUpTo(c, 6);
+    await atMigration(6, async (c, url) => {
       const { rows: [run] } = await c.query(`INSERT INTO outlive.runs (name, unfinished) VALUES ('old', 2) RETURNING id::text`);
       const { rows: tasks } = await c.query(
         `INSERT INTO outlive.tasks (run_id, step, name, input, max_attempts, timeout_ms, waiting_on)
@@ -68,18 +78,11 @@ describe('migrate', () => {
       await c.query(`DELETE FROM outlive.runs WHERE id = $1`, [run.id]);
       expect((await c.query(`SELECT count(*)::int AS n FROM outlive.task_deps`)).rows[0].n).toBe(0);
       expect((await c.query(`SELECT count(*)::int AS n FROM outlive.tasks`)).rows[0].n).toBe(0);
-    } finally {
-      await c.end();
-      await drop();
-    }
+    });
   });
 
   it('repairs the counts the double release left, then refuses a negative one; the pass runs what was stuck (0010)', async () => {
-    const { directUrl: url, drop } = await emptyDatabase();
-    const c = new pg.Client({ connectionString: url });
-    await c.connect();
-    try {
-      await migrateUpTo(c, 9);
+    await atMigration(9, async (c, url) => {
       const { rows: [run] } = await c.query(`INSERT INTO outlive.runs (name, unfinished) VALUES ('old', 2) RETURNING id::text`);
       // a succeeded; b waits for a and was released twice (-1); c waits for a and b but was never released for a (2).
       const { rows: t } = await c.query(
@@ -105,18 +108,11 @@ describe('migrate', () => {
         await pool.end();
       }
       expect((await c.query(`SELECT state::text, unfinished FROM outlive.runs WHERE id = $1`, [run.id])).rows[0]).toEqual({ state: 'succeeded', unfinished: 0 });
-    } finally {
-      await c.end();
-      await drop();
-    }
+    });
   });
 
   it('carries tasks running under per-task leases (0010) over to pass leases (0011): the dead pass’s row is recovered and runs once, the live one is left to its pass', async () => {
-    const { directUrl: url, drop } = await emptyDatabase();
-    const c = new pg.Client({ connectionString: url });
-    await c.connect();
-    try {
-      await migrateUpTo(c, 10);
+    await atMigration(10, async (c, url) => {
       // dead: its pass died, its lease expired; alive: a pass of the previous
       // release still runs it, extending its row's lease; ready: pending.
       const { rows } = await c.query(
@@ -149,10 +145,7 @@ describe('migrate', () => {
       } finally {
         await pool.end();
       }
-    } finally {
-      await c.end();
-      await drop();
-    }
+    });
   });
 
   // migrate() applies the files itself (an app need not have drizzle-orm);
@@ -163,18 +156,11 @@ describe('migrate', () => {
     const ours = readMigrations(MIGRATIONS_FOLDER).map((m) => ({ hash: m.hash, when: m.when, statements: m.statements }));
     const theirs = readMigrationFiles({ migrationsFolder: MIGRATIONS_FOLDER }).map((m) => ({ hash: m.hash, when: m.folderMillis, statements: m.sql }));
     expect(ours).toEqual(theirs);
-    const { directUrl: url, drop } = await emptyDatabase();
-    const c = new pg.Client({ connectionString: url });
-    await c.connect();
-    try {
-      await migrateUpTo(c, 5);
+    await atMigration(5, async (c, url) => {
       await migrate(url);
       const rows = (await c.query(`SELECT hash, created_at::float8 AS created_at FROM outlive.migrations ORDER BY id`)).rows;
       expect(rows).toEqual(ours.map((m) => ({ hash: m.hash, created_at: m.when })));
-    } finally {
-      await c.end();
-      await drop();
-    }
+    });
   });
 
   // Through a transaction pooler the session lock of 0000-0010's migrate()

@@ -296,6 +296,9 @@ describe('pass leases', () => {
     expect(await claim(toExecutor(withPreparedStatements(db.pool)), { owner: 'died', limit: 1, maxTimeoutMs: 120_000, queues: null, names: [wait.name], leaseGraceMs: 100, leaseMs: 200, now: t1 })).toHaveLength(1);
     // Its pass had renewed its lease to t1 + 1 s before it died.
     await db.pool.query(`INSERT INTO outlive.leases (owner, expires_at) VALUES ('died', $1)`, [later(1_000)]);
+    // An operator is shown the later of the row's own lease (t1 + 300 ms) and its pass's.
+    const { getTask } = await import('../src/admin/queries.js');
+    expect((await getTask(db.pool, id))?.leaseExpiresAt).toEqual(later(1_000));
     expect((await recover(db.pool, { now: later(500) })).rows).toHaveLength(0);
     expect((await recover(db.pool, { now: later(1_001) })).rows.map((r) => r.id)).toEqual([id]);
     expect(await db.rows(`SELECT owner FROM outlive.leases`)).toEqual([]);

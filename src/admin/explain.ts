@@ -4,6 +4,7 @@
  */
 import { toExecutor, toPool, type Database } from '../db/executor.js';
 import { nobodyRuns, readKnownTasks, type KnownTasks } from '../pass/known-tasks.js';
+import { heldUntil } from '../pass/recover.js';
 import type { RunState, TaskState } from '../model/states.js';
 
 /** One task of a run, explained. */
@@ -41,7 +42,7 @@ FROM outlive.runs WHERE id = $1`;
 
 const TASKS_SQL = `
 SELECT t.id::text, t.step, t.name, t.state::text, t.attempts, t.max_attempts, t.run_at,
-       greatest(t.lease_expires_at, (SELECT l.expires_at FROM outlive.leases l WHERE l.owner = t.lease_owner)) AS lease_expires_at, t.last_error,
+       ${heldUntil('t')} AS lease_expires_at, t.last_error,
        CASE WHEN t.state = 'pending' AND t.waiting_on > 0 THEN
          coalesce((SELECT array_agg(p.step ORDER BY p.id) FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
                    WHERE d.task_id = t.id AND p.state <> 'succeeded'), '{}')

@@ -6,6 +6,7 @@
 import { toExecutor, toPool, type Database, type Executor } from '../db/executor.js';
 import type { ErrorEntry } from '../pass/execute.js';
 import { nobodyRuns, readKnownTasks } from '../pass/known-tasks.js';
+import { heldUntil } from '../pass/recover.js';
 import { RUN_STATES, TASK_STATES, type RunState, type TaskState } from '../model/states.js';
 
 
@@ -162,11 +163,9 @@ export interface TaskDetail extends TaskSummary {
 export async function getTask(db: Database, id: string): Promise<TaskDetail | null> {
   const q = exec(db);
   const [row] = await q.query(
-    // A running task is held until the later of its own lease and its pass's.
-    `SELECT ${TASK_COLUMNS}, priority, input, output, timeout_ms, key, lease_owner,
-            greatest(lease_expires_at, (SELECT l.expires_at FROM outlive.leases l WHERE l.owner = lease_owner)) AS lease_expires_at,
+    `SELECT ${TASK_COLUMNS}, priority, input, output, timeout_ms, key, lease_owner, ${heldUntil('t')} AS lease_expires_at,
             started_at, updated_at, errors
-     FROM outlive.tasks WHERE id = $1`,
+     FROM outlive.tasks t WHERE id = $1`,
     [id],
   );
   if (!row) return null;

@@ -17,6 +17,14 @@ export interface RecoverReport {
   rows: SettledRow[];
 }
 
+/**
+ * SQL for when the running row aliased `t` is held until: the later of its
+ * own lease and its pass's. What an operator is shown, by the rule
+ * RECOVER_SQL applies.
+ */
+export const heldUntil = (t: string) =>
+  `greatest(${t}.lease_expires_at, (SELECT l.expires_at FROM outlive.leases l WHERE l.owner = ${t}.lease_owner))`;
+
 // A running row is held while its own lease (written by its claim) or its
 // pass's lease (outlive.leases, renewed by the pass while it runs long
 // tasks) lives; recovery takes rows where both have expired. The lock (FOR
