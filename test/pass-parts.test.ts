@@ -93,18 +93,38 @@ describe('the lease watch', () => {
 });
 
 describe('the settler', () => {
-  it('settles what finished while a settle was in flight in one batch, and counts what landed', async () => {
-    const rows = await claimed(5, 'settler');
+  it('settles what finished in one turn together, then what finished while that settle was in flight, and counts what landed', async () => {
+    const rows = await claimed(7, 'settler');
     const batches: SettledBatch[] = [];
     const errors: unknown[] = [];
-    const settler = new Settler(db.pool, 'settler', null, (b) => batches.push(b), (e) => errors.push(e));
-    for (const r of rows) settler.push({ id: r.id, runId: null, attempt: r.attempts, state: 'succeeded', output: null });
+    const { pool, sent } = counting();
+    const settler = new Settler(pool, 'settler', null, (b) => batches.push(b), (e) => errors.push(e));
+    const push = (r: ClaimedTask) => settler.push({ id: r.id, runId: null, attempt: r.attempts, state: 'succeeded', output: null });
+    rows.slice(0, 5).forEach(push);
     expect(settler.unsettled).toBe(5);
+    // Nothing is sent in the turn the outcomes arrive in.
+    expect(sent).toEqual([]);
+    // The settler's timer comes first: its settle of the five is in flight when these two arrive.
+    await new Promise((r) => setTimeout(r, 0));
+    expect(sent).toHaveLength(1);
+    rows.slice(5).forEach(push);
     await settler.flush();
     expect(settler.unsettled).toBe(0);
-    // The first settles alone; the four pushed while it was in flight go together.
-    expect(batches.map((b) => [b.size, b.rows.length, b.kept])).toEqual([[1, 1, 0], [4, 4, 0]]);
+    expect(sent).toHaveLength(2);
+    expect(batches.map((b) => [b.size, b.rows.length, b.kept])).toEqual([[5, 5, 0], [2, 2, 0]]);
     expect(errors).toEqual([]);
+  });
+
+  it('settles at once when asked to flush, without waiting for the turn to end', async () => {
+    const rows = await claimed(3, 'settler-now');
+    const batches: SettledBatch[] = [];
+    const settler = new Settler(db.pool, 'settler-now', null, (b) => batches.push(b), () => undefined);
+    for (const r of rows) settler.push({ id: r.id, runId: null, attempt: r.attempts, state: 'succeeded', output: null });
+    await settler.flush();
+    expect(batches.map((b) => b.size)).toEqual([3]);
+    // The timer the pushes set was cleared: nothing settles again.
+    await new Promise((r) => setTimeout(r, 5));
+    expect(batches).toHaveLength(1);
   });
 
   it('reports a lost lease as an outcome that matched no row', async () => {

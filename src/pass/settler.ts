@@ -1,8 +1,10 @@
 /**
- * The settler of one pass: batches outcomes into settles. While one settle
- * statement is in flight, the outcomes of handlers that finish meanwhile
- * wait, and go together in the next: under load that folds many settles
- * into one round trip and one commit (see docs/benchmarks.md).
+ * The settler of one pass: batches outcomes into settles. An outcome waits
+ * for the end of the event loop's turn it arrived in, so handlers that finish
+ * together settle together; while one settle statement is in flight, the
+ * outcomes of handlers that finish meanwhile wait, and go together in the
+ * next. Under load that folds many settles into one round trip and one
+ * commit (docs/benchmarks.md, "Settles batched by turn").
  */
 import type { PoolLike } from '../db/executor.js';
 import type { Outcome } from './execute.js';
@@ -23,6 +25,7 @@ export class Settler {
   private readonly queue: Outcome[] = [];
   private flushing: Promise<void> | null = null;
   private waiting = 0;
+  private timer: ReturnType<typeof setTimeout> | null = null;
 
   constructor(
     private readonly pool: PoolLike,
@@ -39,15 +42,20 @@ export class Settler {
     return this.waiting;
   }
 
-  /** Queues an outcome; it is settled with whatever else is queued when the settle in flight ends. */
+  /**
+   * Queues an outcome; it is settled with whatever else is queued at the end
+   * of this turn, or when the settle in flight ends.
+   */
   push(outcome: Outcome): void {
     this.queue.push(outcome);
     this.waiting++;
-    void this.flush();
+    if (!this.flushing && !this.timer) this.timer = setTimeout(() => void this.flush(), 0);
   }
 
-  /** Settles everything queued; resolves when no settle is in flight. */
+  /** Settles everything queued now, without waiting for the turn to end; resolves when no settle is in flight. */
   flush(): Promise<void> {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
     if (this.flushing) return this.flushing;
     this.flushing = (async () => {
       while (this.queue.length > 0) {
