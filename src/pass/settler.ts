@@ -4,7 +4,7 @@
  * together settle together; while one settle statement is in flight, the
  * outcomes of handlers that finish meanwhile wait, and go together in the
  * next. Under load that folds many settles into one round trip and one
- * commit (docs/benchmarks.md, "Settles batched by turn").
+ * commit (docs/benchmarks.md, "What moved it: settles batched by turn").
  */
 import type { PoolLike } from '../db/executor.js';
 import type { Outcome } from './execute.js';
