@@ -185,14 +185,21 @@ export const leases = outlive.table('leases', {
 
 /**
  * The task names passes were given, and when a pass last said so. A pass
- * claims only names it can run; this is how `explainRun`, the CLI and the
- * dashboard tell a ready task nobody can run from one waiting its turn.
+ * claims only names it can run, and only tasks whose timeout fits in what is
+ * left of its budget; this is how `explainRun`, the CLI and the dashboard
+ * tell a ready task nobody can run from one waiting its turn.
  * Written by every pass (src/pass/known-tasks.ts), at most once a minute a name.
  */
 export const knownTasks = outlive.table('known_tasks', {
   name: text('name').primaryKey(),
   seenAt: timestamp('seen_at', { withTimezone: true }).notNull(),
-});
+  /** The longest timeout a pass that knows the name can claim (its budget less its reserve); null if no pass said (0011 and before). */
+  longestMs: integer('longest_ms'),
+  /** When a pass last said it could give `longestMs`. */
+  longestAt: timestamp('longest_at', { withTimezone: true }),
+}, (t) => [
+  check('known_tasks_longest_check', sql`(${t.longestMs} IS NULL) = (${t.longestAt} IS NULL) AND ${t.longestMs} > 0`),
+]);
 
 // ---------------------------------------------------------------------------
 // Recurring work (issue 5): the schedules declared in code, and the slots

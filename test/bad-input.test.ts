@@ -298,6 +298,43 @@ describe('a row whose task no pass knows', () => {
   });
 });
 
+describe('a row whose timeout no pass that knows it can give', () => {
+  // A pass claims only tasks whose timeout fits in what is left of its
+  // budget. A task enqueued with a longer timeoutMs than any pass that knows
+  // it can give (a cron pass of 30 s, a timeout of 2 minutes) would wait
+  // forever while the operator is told it waits its turn.
+  it('is not claimed, and status and explainRun say why; a pass with the budget for it is what counts while it runs', async () => {
+    const slow = defineTask({ name: 'slow.build', input: z.object({}), run: () => 'built', timeoutMs: 1_000 });
+    const t0 = new Date(Date.now() + 7_200_000);
+    const at = (ms: number) => new Date(t0.getTime() + ms);
+    const long = await enqueue(db.pool, slow, {}, { queue: 'slow', timeoutMs: 120_000 });
+    await enqueue(db.pool, slow, {}, { queue: 'slow' });
+    // Other tests' rows of other names may be listed too.
+    const unrunnable = async () => (await status(db.pool)).unrunnable.filter((u) => u.name === 'slow.build');
+    const short = { tasks: [slow], queues: ['slow'], budgetMs: 10_000, reserveMs: 250 };
+    expect(await tick(db.pool, { ...short, now: t0 })).toMatchObject({ claimed: 1, succeeded: 1 });
+    expect((await db.rows(`SELECT state::text, attempts FROM outlive.tasks WHERE id = $1`, [long.id]))[0]).toEqual({ state: 'pending', attempts: 0 });
+    const why =
+      'no pass that knows task "slow.build" can claim it: its timeoutMs of 120000 ms is longer than the 9750 ms the longest of their budgets leaves (budgetMs less reserveMs): raise that budget, or enqueue it with a shorter timeoutMs';
+    expect((await unrunnable())).toEqual([{ name: 'slow.build', ready: 1, why }]);
+    const run = await startRun(db.pool, 'slow-run', { build: step(slow, {}, { queue: 'slow-run', timeoutMs: 120_000 }) });
+    await tick(db.pool, { ...short, queues: ['slow-run'], now: at(1_000) });
+    expect((await explainRun(db.pool, run.id, { now: at(1_000) }))!.tasks[0]!.why).toBe(why);
+
+    // A worker with the budget for it knows the name (its own queue, so it claims none of these).
+    await tick(db.pool, { tasks: [slow], queues: ['elsewhere'], budgetMs: 300_000, now: at(2_000) });
+    expect((await unrunnable())).toEqual([]);
+    // The short pass saying what it can give does not hide the worker while the worker runs...
+    await tick(db.pool, { ...short, queues: ['elsewhere'], now: at(50_000) });
+    expect((await unrunnable())).toEqual([]);
+    expect((await explainRun(db.pool, run.id, { now: at(50_000) }))!.tasks[0]!.why).toBe('ready: waiting for a pass to claim it');
+    // ...but once the worker has not said so for a while, the short pass's word is what is known.
+    await tick(db.pool, { ...short, queues: ['elsewhere'], now: at(10 * 60_000) });
+    expect((await unrunnable())).toEqual([{ name: 'slow.build', ready: 2, why }]);
+    await db.pool.query(`UPDATE outlive.tasks SET state = 'cancelled', finished_at = now() WHERE name = 'slow.build' AND state = 'pending'`);
+  });
+});
+
 describe('schemas that are missing or old', () => {
   const admin = () => {
     const u = new URL(db.url);

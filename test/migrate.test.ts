@@ -148,6 +148,31 @@ describe('migrate', () => {
     });
   });
 
+  it('keeps the task names passes of 0011 announced (0012): no word on their budgets until a pass says, and the schema refuses half a word', async () => {
+    await atMigration(11, async (c, url) => {
+      await c.query(`INSERT INTO outlive.known_tasks (name, seen_at) VALUES ('announced', now())`);
+      await c.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms) VALUES ('announced', '{}', 3, 600000)`);
+      await migrate(url);
+      expect((await c.query(`SELECT name, longest_ms, longest_at FROM outlive.known_tasks`)).rows).toEqual([{ name: 'announced', longest_ms: null, longest_at: null }]);
+      const { status } = await import('../src/admin/queries.js');
+      const { tick, defineTask } = await import('../src/index.js');
+      const { z } = await import('zod');
+      const pool = new pg.Pool({ connectionString: url });
+      try {
+        // A pass of the previous release knows it and said nothing of its budget: ready, not unrunnable.
+        expect((await status(pool)).unrunnable).toEqual([]);
+        // A pass of this release with a budget of 10 s says what it can give.
+        const announced = defineTask({ name: 'announced', input: z.object({}), timeoutMs: 1_000, run: () => null });
+        await tick(pool, { tasks: [announced], budgetMs: 10_000, reserveMs: 250, queues: ['none'] });
+        expect((await status(pool)).unrunnable).toEqual([{ name: 'announced', ready: 1, why: expect.stringMatching(/its timeoutMs of 600000 ms is longer than the 9750 ms/) }]);
+        await expect(c.query(`UPDATE outlive.known_tasks SET longest_at = NULL`)).rejects.toThrow(/known_tasks_longest_check/);
+        await expect(c.query(`UPDATE outlive.known_tasks SET longest_ms = 0`)).rejects.toThrow(/known_tasks_longest_check/);
+      } finally {
+        await pool.end();
+      }
+    });
+  });
+
   // migrate() applies the files itself (an app need not have drizzle-orm);
   // databases migrated by earlier releases used drizzle's migrator.
   it("records each file as drizzle's migrator does, so either one goes on from where the other stopped", async () => {

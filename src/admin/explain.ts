@@ -41,7 +41,7 @@ SELECT id::text, name, state::text, error, failed_task_id::text, created_at, fin
 FROM outlive.runs WHERE id = $1`;
 
 const TASKS_SQL = `
-SELECT t.id::text, t.step, t.name, t.state::text, t.attempts, t.max_attempts, t.run_at,
+SELECT t.id::text, t.step, t.name, t.state::text, t.attempts, t.max_attempts, t.run_at, t.timeout_ms,
        ${heldUntil('t')} AS lease_expires_at, t.last_error,
        CASE WHEN t.state = 'pending' AND t.waiting_on > 0 THEN
          coalesce((SELECT array_agg(p.step ORDER BY p.id) FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
@@ -61,6 +61,7 @@ export interface WhyFacts {
   attempts: number;
   max_attempts: number;
   run_at: Date;
+  timeout_ms: number;
   lease_expires_at: Date | null;
   last_error: string | null;
   waiting_for: string[];
@@ -76,7 +77,7 @@ export function why(t: WhyFacts, now: Date, known: KnownTasks): string {
           ? `backing off until ${t.run_at.toISOString()} after attempt ${t.attempts} of ${t.max_attempts} failed: ${t.last_error ?? 'unknown error'}`
           : `scheduled for ${t.run_at.toISOString()}`;
       }
-      return nobodyRuns(t.name, known) ?? 'ready: waiting for a pass to claim it';
+      return nobodyRuns(t.name, known, t.timeout_ms) ?? 'ready: waiting for a pass to claim it';
     case 'running':
       return `running attempt ${t.attempts} of ${t.max_attempts}, lease until ${t.lease_expires_at?.toISOString() ?? 'unknown'}`;
     case 'succeeded':
@@ -99,7 +100,7 @@ export async function explainRun(db: Database, runId: string, options: { now?: D
   if (!run) return null;
   const rows = await exec.query<{
     id: string; step: string | null; name: string; state: TaskState; attempts: number; max_attempts: number; run_at: Date;
-    lease_expires_at: Date | null; last_error: string | null; waiting_for: string[];
+    timeout_ms: number; lease_expires_at: Date | null; last_error: string | null; waiting_for: string[];
   }>(TASKS_SQL, [runId]);
   const known = await readKnownTasks(exec);
   const counts: Partial<Record<TaskState, number>> = {};

@@ -49,15 +49,22 @@ export async function status(db: Database): Promise<StatusReport> {
               (SELECT count(*)::int FROM outlive.tasks WHERE state = 'failed' AND finished_at > now() - interval '1 hour') AS failed_hour,
               now() AS now`,
     ),
-    q.query<{ name: string; n: number }>(
-      `SELECT name, count(*)::int AS n FROM outlive.tasks WHERE state = 'pending' AND waiting_on = 0 AND run_at <= now() GROUP BY 1 ORDER BY 1`,
+    q.query<{ name: string; timeout_ms: number; n: number }>(
+      `SELECT name, timeout_ms, count(*)::int AS n FROM outlive.tasks WHERE state = 'pending' AND waiting_on = 0 AND run_at <= now() GROUP BY 1, 2 ORDER BY 1, 2`,
     ),
     readKnownTasks(q),
   ]);
+  // Rows of one name may differ only in their timeouts; those no pass can
+  // give are counted together, under the reason given for the longest.
   const unrunnable: StatusReport['unrunnable'] = [];
   for (const r of readyByName) {
-    const why = nobodyRuns(r.name, known);
-    if (why) unrunnable.push({ name: r.name, ready: r.n, why });
+    const why = nobodyRuns(r.name, known, r.timeout_ms);
+    if (!why) continue;
+    const last = unrunnable.at(-1);
+    if (last?.name === r.name) {
+      last.ready += r.n;
+      last.why = why;
+    } else unrunnable.push({ name: r.name, ready: r.n, why });
   }
   const tasks = zeroes(TASK_STATES);
   const queues = new Map<string, Record<TaskState, number>>();

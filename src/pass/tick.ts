@@ -304,7 +304,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   const names = [...registry.keys()];
   let background = true;
   const recovering = (async () => {
-    await announceTasks(exec, names, now, pool);
+    await announceTasks(exec, names, budgetMs - reserveMs, now, pool);
     if (options.recover === false) return;
     const r = await recover(pool, { now });
     report.recovered = r.rows.length;
