@@ -17,17 +17,17 @@ export const ANNOUNCE_EVERY_MS = 60_000;
 // a cron pass of 30 s announcing after a worker of 5 minutes must not make
 // the worker's long tasks look unrunnable, and the worker refreshes its word
 // once a minute. Past that, the worker is taken to be gone.
+// A pass's word on the longest replaces the stored one when there is none,
+// when it is as long or longer, or when the stored one is two minutes old.
+const TAKES_OVER = `(k.longest_ms IS NULL OR excluded.longest_ms >= k.longest_ms
+                      OR k.longest_at < excluded.seen_at - 2 * $3 * interval '1 millisecond')`;
 const ANNOUNCE_SQL = `
 INSERT INTO outlive.known_tasks AS k (name, seen_at, longest_ms, longest_at)
 SELECT n, coalesce($2::timestamptz, now()), $4, coalesce($2::timestamptz, now()) FROM unnest($1::text[]) AS n
 ON CONFLICT (name) DO UPDATE SET
   seen_at = excluded.seen_at,
-  longest_ms = CASE WHEN k.longest_ms IS NULL OR excluded.longest_ms >= k.longest_ms
-                      OR k.longest_at < excluded.seen_at - 2 * $3 * interval '1 millisecond'
-                    THEN excluded.longest_ms ELSE k.longest_ms END,
-  longest_at = CASE WHEN k.longest_ms IS NULL OR excluded.longest_ms >= k.longest_ms
-                      OR k.longest_at < excluded.seen_at - 2 * $3 * interval '1 millisecond'
-                    THEN excluded.seen_at ELSE k.longest_at END
+  longest_ms = CASE WHEN ${TAKES_OVER} THEN excluded.longest_ms ELSE k.longest_ms END,
+  longest_at = CASE WHEN ${TAKES_OVER} THEN excluded.seen_at ELSE k.longest_at END
 WHERE k.seen_at < excluded.seen_at - $3 * interval '1 millisecond'
    OR k.longest_ms IS NULL OR excluded.longest_ms > k.longest_ms
    OR (excluded.longest_ms = k.longest_ms AND k.longest_at < excluded.seen_at - $3 * interval '1 millisecond')`;
@@ -97,12 +97,12 @@ export async function readKnownTasks(db: Executor): Promise<KnownTasks> {
  * as unknown when passes have run since it was last announced by more than
  * the throttle allows.
  */
-export function nobodyRuns(name: string, known: KnownTasks, timeoutMs?: number): string | null {
+export function nobodyRuns(name: string, known: KnownTasks, timeoutMs: number): string | null {
   if (!known.lastPass) return null;
   const seen = known.seen.get(name);
   if (seen && known.lastPass.getTime() - seen.getTime() <= 2 * ANNOUNCE_EVERY_MS) {
     const longest = known.longest.get(name);
-    if (timeoutMs === undefined || longest === undefined || timeoutMs <= longest) return null;
+    if (longest === undefined || timeoutMs <= longest) return null;
     return (
       `no pass that knows task "${name}" can claim it: its timeoutMs of ${timeoutMs} ms is longer than the ${longest} ms ` +
       'the longest of their budgets leaves (budgetMs less reserveMs): raise that budget, or enqueue it with a shorter timeoutMs'

@@ -165,10 +165,12 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   const queues = options.queues ? options.queues.map((q) => checkName('queue', q)) : null;
   const now = options.now ?? null;
   const owner = `${options.owner ?? 'pass'}:${globalThis.crypto.randomUUID()}`;
-  const deadline = started + budgetMs - reserveMs;
+  // The longest timeout this pass can claim, at its start.
+  const claimable = budgetMs - reserveMs;
+  const deadline = started + claimable;
   let shortest = Infinity;
   for (const task of registry.values()) shortest = Math.min(shortest, task.timeoutMs);
-  if (shortest !== Infinity && budgetMs - reserveMs < shortest) {
+  if (shortest !== Infinity && claimable < shortest) {
     throw new ConfigError(
       `outlive: a pass of ${budgetMs} ms (${reserveMs} ms kept back to settle) can claim none of its tasks: the shortest timeoutMs is ${shortest} ms. Raise budgetMs or lower the tasks' timeoutMs.`,
     );
@@ -304,7 +306,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   const names = [...registry.keys()];
   let background = true;
   const recovering = (async () => {
-    await announceTasks(exec, names, budgetMs - reserveMs, now, pool);
+    await announceTasks(exec, names, claimable, now, pool);
     if (options.recover === false) return;
     const r = await recover(pool, { now });
     report.recovered = r.rows.length;
