@@ -37,17 +37,16 @@ async function cutWhileWaiting(op: 'cancelRun' | 'enqueueDue', lockSql: string, 
   proc.stdout.on('data', (c: Buffer) => (out += String(c)));
   proc.stderr.on('data', (c: Buffer) => (err += String(c)));
   const exited = new Promise<number | null>((resolve) => proc.on('exit', (code) => resolve(code)));
+  // The backend the child's statement waits in. Asked directly: through a
+  // transaction pooler, a server connection the child used keeps its
+  // application_name while it serves others, this test's own queries
+  // included, and terminating by name alone once cut the test's own query.
+  const waiting = `SELECT pid FROM pg_stat_activity WHERE application_name = 'outlive-connection-loss-child'
+                     AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`;
   try {
     // The child's statement waits on the lock held above: its client is checked out.
-    await waitFor(
-      async () =>
-        (
-          await db.rows(`SELECT 1 FROM pg_stat_activity WHERE application_name = 'outlive-connection-loss-child' AND wait_event_type = 'Lock'`)
-        ).length > 0,
-      30_000,
-      `the child's ${op} to wait on the lock`,
-    );
-    await db.rows(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'outlive-connection-loss-child'`);
+    await waitFor(async () => (await db.direct.query(waiting)).rows.length > 0, 30_000, `the child's ${op} to wait on the lock`);
+    await db.direct.query(`SELECT pg_terminate_backend(pid) FROM (${waiting}) w`);
   } finally {
     await holder.query('ROLLBACK');
     await holder.end();
