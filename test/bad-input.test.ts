@@ -21,7 +21,7 @@ import { status } from '../src/admin/queries.js';
 import { CLAIM_FUNCTION } from '../src/pass/claim.js';
 import { createDrainRoute } from '../src/http/vercel.js';
 import type { FunctionsEnv } from '../src/http/invocation.js';
-import { freshDb } from './support/db.js';
+import { closePool, freshDb, openPool } from './support/db.js';
 import { roleUrl } from './support/functions-db.js';
 import { startWsProxy } from './support/ws-proxy.js';
 
@@ -183,12 +183,12 @@ const cases: Case[] = [
     name: 'tick on a pool to a closed port',
     throws: [PassError, /hit a database error: .*ECONNREFUSED/],
     act: async () => {
-      const pool = new pg.Pool({ connectionString: closedPortUrl, connectionTimeoutMillis: 2_000 });
+      const pool = openPool({ connectionString: closedPortUrl, connectionTimeoutMillis: 2_000 });
       pool.on('error', () => {});
       try {
         return await tick(pool, { tasks: [job], budgetMs: 20_000 });
       } finally {
-        await pool.end();
+        await closePool(pool);
       }
     },
   },
@@ -196,12 +196,12 @@ const cases: Case[] = [
     name: 'enqueue on a pool to a database that does not exist',
     throws: [Error, /database "outlive_no_such_database" does not exist/],
     act: async () => {
-      const pool = new pg.Pool({ connectionString: missingDbUrl });
+      const pool = openPool({ connectionString: missingDbUrl });
       pool.on('error', () => {});
       try {
         return await enqueue(pool, job, { n: 1 });
       } finally {
-        await pool.end();
+        await closePool(pool);
       }
     },
   },
@@ -350,10 +350,10 @@ describe('schemas that are missing or old', () => {
     await client.end();
     const u = new URL(db.url);
     u.pathname = `/${name}`;
-    const pool = new pg.Pool({ connectionString: u.toString() });
+    const pool = openPool({ connectionString: u.toString() });
     // Called inside a test: an afterAll registered now would never run.
     onTestFinished(async () => {
-      await pool.end();
+      await closePool(pool);
       const c = new pg.Client({ connectionString: admin() });
       await c.connect();
       await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);

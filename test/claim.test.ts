@@ -1,11 +1,10 @@
-import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineTask, enqueue, enqueueMany, tick } from '../src/index.js';
 import { claim } from '../src/pass/claim.js';
 import { toExecutor, type Executor } from '../src/db/executor.js';
 import { withPreparedStatements } from '../src/db/statements.js';
-import { freshDb } from './support/db.js';
+import { closePool, freshDb } from './support/db.js';
 import { countByState, createEffects, recordingTask } from './support/tasks.js';
 
 const db = await freshDb();
@@ -56,9 +55,9 @@ describe('claim', () => {
     const record = recordingTask(db.pool);
     await enqueueMany(db.pool, record, Array.from({ length: 2_000 }, (_, n) => ({ n })));
     // Each pass is its own "process": its own pool, its own lease owner.
-    const pools = Array.from({ length: 10 }, () => new pg.Pool({ connectionString: db.url, max: 3 }));
+    const pools = Array.from({ length: 10 }, () => db.newPool({ max: 3 }));
     const reports = await Promise.all(pools.map((pool) => tick(pool, { tasks: [record], concurrency: 8 })));
-    await Promise.all(pools.map((p) => p.end()));
+    await Promise.all(pools.map(closePool));
 
     expect(reports.reduce((s, r) => s + r.claimed, 0)).toBe(2_000);
     expect(reports.reduce((s, r) => s + r.succeeded, 0)).toBe(2_000);

@@ -6,7 +6,7 @@ import { migrate as drizzleMigrate } from 'drizzle-orm/node-postgres/migrator';
 import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { migrate } from '../src/node/index.js';
-import { emptyDatabase } from './support/db.js';
+import { closePool, emptyDatabase, openPool } from './support/db.js';
 import { MIGRATION_LOCK, MIGRATIONS_FOLDER } from '../src/node/migrate.js';
 
 /** Applies the migrations up to and including `last` (a journal tag's number), as an older outlive would have. */
@@ -101,11 +101,11 @@ describe('migrate', () => {
       const { tick, defineTask } = await import('../src/index.js');
       const { z } = await import('zod');
       const x = defineTask({ name: 'x', input: z.object({}), run: () => 'ok' });
-      const pool = new pg.Pool({ connectionString: url });
+      const pool = openPool({ connectionString: url });
       try {
         for (let i = 0; i < 3; i++) await tick(pool, { tasks: [x] });
       } finally {
-        await pool.end();
+        await closePool(pool);
       }
       expect((await c.query(`SELECT state::text, unfinished FROM outlive.runs WHERE id = $1`, [run.id])).rows[0]).toEqual({ state: 'succeeded', unfinished: 0 });
     });
@@ -128,7 +128,7 @@ describe('migrate', () => {
       const { z } = await import('zod');
       const ran: string[] = [];
       const inflight = defineTask({ name: 'inflight', input: z.object({ k: z.string() }), timeoutMs: 10_000, run: ({ k }) => void ran.push(k) });
-      const pool = new pg.Pool({ connectionString: url });
+      const pool = openPool({ connectionString: url });
       try {
         const first = await tick(pool, { tasks: [inflight] });
         expect(first).toMatchObject({ recovered: 1, succeeded: 1 });
@@ -143,7 +143,7 @@ describe('migrate', () => {
         // Once that pass is gone too, its row is recovered like any other.
         expect((await recover(pool, { now: new Date(Date.now() + 2 * 3_600_000) })).rows.map((r) => r.id)).toEqual([id.alive]);
       } finally {
-        await pool.end();
+        await closePool(pool);
       }
     });
   });
@@ -157,7 +157,7 @@ describe('migrate', () => {
       const { status } = await import('../src/admin/queries.js');
       const { tick, defineTask } = await import('../src/index.js');
       const { z } = await import('zod');
-      const pool = new pg.Pool({ connectionString: url });
+      const pool = openPool({ connectionString: url });
       try {
         // A pass of the previous release knows it and said nothing of its budget: ready, not unrunnable.
         expect((await status(pool)).unrunnable).toEqual([]);
@@ -168,7 +168,7 @@ describe('migrate', () => {
         await expect(c.query(`UPDATE outlive.known_tasks SET longest_at = NULL`)).rejects.toThrow(/known_tasks_longest_check/);
         await expect(c.query(`UPDATE outlive.known_tasks SET longest_ms = 0`)).rejects.toThrow(/known_tasks_longest_check/);
       } finally {
-        await pool.end();
+        await closePool(pool);
       }
     });
   });

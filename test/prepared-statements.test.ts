@@ -10,7 +10,7 @@ import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineTask, enqueue, startRun, step, tick } from '../src/index.js';
-import { freshDb } from './support/db.js';
+import { closePool, freshDb, openPool } from './support/db.js';
 
 const db = await freshDb();
 let pools = 0;
@@ -22,7 +22,7 @@ let pools = 0;
 function onePool(): pg.Pool {
   const u = new URL(db.directUrl);
   u.searchParams.set('application_name', `prepared-${pools++}`);
-  const pool = new pg.Pool({ connectionString: u.toString(), max: 1 });
+  const pool = openPool({ connectionString: u.toString(), max: 1 });
   pool.on('error', () => undefined);
   return pool;
 }
@@ -57,7 +57,7 @@ describe('named statements the connection lost', () => {
     expect(await states(ids)).toEqual(Array(5).fill('succeeded'));
     const [sum] = await db.rows<{ attempts: string }>(`SELECT sum(attempts)::text AS attempts FROM outlive.tasks WHERE id = ANY($1::bigint[])`, [ids]);
     expect(sum!.attempts).toBe('5');
-    await pool.end();
+    await closePool(pool);
   });
 
   it('a statement already prepared under the name the pass uses does not fail the pass', async () => {
@@ -66,7 +66,7 @@ describe('named statements the connection lost', () => {
     const { id } = await enqueue(pool, double, { n: 2 });
     expect(await tick(pool, { tasks: [double] })).toMatchObject({ claimed: 1, succeeded: 1 });
     expect(await states([id])).toEqual(['succeeded']);
-    await pool.end();
+    await closePool(pool);
   });
 
   it('a settle inside a transaction (a run step that failed) runs its transaction again unnamed; no task is failed for it', async () => {
@@ -87,7 +87,7 @@ describe('named statements the connection lost', () => {
     ]);
     // The handler's own error, not "could not record the outcome".
     expect(rows[0]!.last_error).toBe('no');
-    await pool.end();
+    await closePool(pool);
   });
 
   it('preparedStatements: true fails the pass with the fix named, and keeps the task for recovery rather than failing it', async () => {
@@ -100,7 +100,7 @@ describe('named statements the connection lost', () => {
       /does not exist: the database's connection path does not keep prepared statements .* set it to false/,
     );
     expect(await states([id])).toEqual(['pending']);
-    await pool.end();
+    await closePool(pool);
   });
 
   it('preparedStatements: false sends no named statement at all', async () => {
@@ -111,6 +111,6 @@ describe('named statements the connection lost', () => {
     expect(prepared!.n).toBe('0');
     expect(await states([id])).toEqual(['succeeded']);
     await expect(tick(pool, { tasks: [double], preparedStatements: 'yes' as never })).rejects.toThrow(/preparedStatements must be true, false or 'auto'/);
-    await pool.end();
+    await closePool(pool);
   });
 });

@@ -1,8 +1,7 @@
-import pg from 'pg';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { ConfigError, defineSchedule, defineTask, enqueueDue, ScheduleError, tick, type AnySchedule } from '../src/index.js';
-import { freshDb } from './support/db.js';
+import { closePool, freshDb } from './support/db.js';
 
 const db = await freshDb();
 
@@ -90,7 +89,7 @@ describe('enqueueDue', () => {
   it('yields exactly one task per slot when 5 connections tick the same slot at once', async () => {
     const s = every15('contended');
     await enqueueDue(db.pool, [s], { now: at('2025-02-01T09:59:00Z'), ...keep });
-    const pools = Array.from({ length: 5 }, () => new pg.Pool({ connectionString: db.url, max: 1 }));
+    const pools = Array.from({ length: 5 }, () => db.newPool({ max: 1 }));
     try {
       for (const slot of ['2025-02-01T10:00:00Z', '2025-02-01T10:15:00Z', '2025-02-01T10:30:00Z']) {
         // Each connection ticks at a slightly different moment of the same slot.
@@ -100,7 +99,7 @@ describe('enqueueDue', () => {
         expect(reports.flatMap((r) => r.enqueued)).toHaveLength(1);
       }
     } finally {
-      await Promise.all(pools.map((p) => p.end()));
+      await Promise.all(pools.map(closePool));
     }
     const tasks = await tasksOf('contended');
     expect(tasks.map((t) => t.run_at)).toEqual([at('2025-02-01T10:00:00Z'), at('2025-02-01T10:15:00Z'), at('2025-02-01T10:30:00Z')]);
@@ -241,9 +240,9 @@ describe('examples/schedules.ts', async () => {
   // A database of its own: the tick below runs every ready task in it.
   const exampleDb = await freshDb();
   const example = await import('../examples/schedules.js');
-  const appPool = new pg.Pool({ connectionString: exampleDb.url, max: 4 });
+  // Closed before its database is dropped.
+  const appPool = exampleDb.newPool({ max: 4 });
   example.useAppDb(appPool);
-  afterAll(() => appPool.end());
 
   it('purges files deleted more than 30 days before the nightly slot, and checks every domain', async () => {
     await example.createExampleTables(appPool);

@@ -23,6 +23,42 @@ export interface TestDb {
   readonly direct: pg.Pool;
   /** Runs one query on the pool and returns its rows. */
   rows<R = Record<string, unknown>>(text: string, params?: unknown[]): Promise<R[]>;
+  /**
+   * Another pool, on `url` unless the config names a URL: closed with
+   * `closePool` before the database is dropped, if the test has not closed it.
+   */
+  newPool(config?: pg.PoolConfig): pg.Pool;
+}
+
+/** The connections of each pool made here that have not closed yet. */
+const openClients = new WeakMap<pg.Pool, Set<pg.PoolClient>>();
+
+/**
+ * A pg pool whose connections `closePool` can wait for: the only way test
+ * files make pools (test-databases.test.ts holds them to it).
+ */
+export function openPool(config: pg.PoolConfig): pg.Pool {
+  const pool = new pg.Pool(config);
+  const open = new Set<pg.PoolClient>();
+  openClients.set(pool, open);
+  pool.on('connect', (client) => {
+    open.add(client);
+    client.once('end', () => open.delete(client));
+  });
+  return pool;
+}
+
+/**
+ * Ends a pool made by `openPool` and resolves once each of its connections has
+ * closed: pool.end() resolves when it has asked them to, so a DROP DATABASE
+ * right after it can still find their backends.
+ */
+export async function closePool(pool: pg.Pool): Promise<void> {
+  const open = openClients.get(pool);
+  if (!open) throw new Error('closePool: not a pool made by openPool');
+  const closed = [...open].map((client) => new Promise((resolve) => client.once('end', resolve)));
+  if (!pool.ending) await pool.end();
+  await Promise.all(closed);
 }
 
 let counter = 0;
@@ -55,15 +91,15 @@ export async function freshDb(): Promise<TestDb> {
   const directUrl = u.toString();
   const poolerUrl = inject('poolerUrl');
   const url = poolerUrl ? urlOn(poolerUrl, name) : directUrl;
-  const pool = new pg.Pool({ connectionString: url, max: 20 });
-  // pool.end() resolves before its clients' sockets have closed, so the
-  // DROP ... WITH (FORCE) below can reach one still closing; its FATAL
-  // arrives as a pool 'error' event, which with no listener is thrown.
+  const pool = openPool({ connectionString: url, max: 20 });
+  // Tests terminate backends by pid (worker, connection-loss, chaos): an idle
+  // client of this pool among them would report it as a pool 'error', which
+  // with no listener is thrown.
   pool.on('error', () => undefined);
   let direct: pg.Pool | undefined;
+  const pools = [pool];
   const dropDb = async () => {
-    await pool.end();
-    if (direct && direct !== pool) await direct.end();
+    await Promise.all(pools.map(closePool));
     await dropDatabase(name);
   };
   // Made inside a test, it is dropped when that test ends (an afterAll
@@ -78,12 +114,21 @@ export async function freshDb(): Promise<TestDb> {
     pooled: url !== directUrl,
     get direct() {
       if (!direct) {
-        direct = url === directUrl ? pool : new pg.Pool({ connectionString: directUrl, max: 10 });
-        direct.on('error', () => undefined);
+        if (url === directUrl) direct = pool;
+        else {
+          direct = openPool({ connectionString: directUrl, max: 10 });
+          direct.on('error', () => undefined);
+          pools.push(direct);
+        }
       }
       return direct;
     },
     rows: async (text, params) => (await pool.query(text, params)).rows,
+    newPool(config) {
+      const p = openPool({ connectionString: url, ...config });
+      pools.push(p);
+      return p;
+    },
   };
 }
 
