@@ -12,7 +12,7 @@ import path from 'node:path';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import { migrate as drizzleMigrate } from 'drizzle-orm/node-postgres/migrator';
 import pg from 'pg';
-import { afterAll, describe, expect, it, onTestFinished } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { batchEnqueue, cancelRun, ConfigError, defineSchedule, defineTask, enqueue, enqueueDue, enqueueMany, explainRun, InvalidEnqueueError, InvalidGraphError, MAX_INPUT_BYTES, PassError, signNudge, SIGNATURE_HEADER, startRun, step, tick, type AnyTask } from '../src/index.js';
 import { createWorker, migrate } from '../src/node/index.js';
@@ -21,7 +21,7 @@ import { status } from '../src/admin/queries.js';
 import { CLAIM_FUNCTION } from '../src/pass/claim.js';
 import { createDrainRoute } from '../src/http/vercel.js';
 import type { FunctionsEnv } from '../src/http/invocation.js';
-import { closePool, freshDb, openPool } from './support/db.js';
+import { closePool, emptyDatabase, freshDb, openPool } from './support/db.js';
 import { roleUrl } from './support/functions-db.js';
 import { startWsProxy } from './support/ws-proxy.js';
 
@@ -336,34 +336,11 @@ describe('a row whose timeout no pass that knows it can give', () => {
 });
 
 describe('schemas that are missing or old', () => {
-  const admin = () => {
-    const u = new URL(db.url);
-    u.pathname = '/postgres';
-    return u.toString();
-  };
-  async function emptyDatabase(suffix: string) {
-    const name = `outlive_t_${process.pid}_bad_${suffix}`;
-    const client = new pg.Client({ connectionString: admin() });
-    await client.connect();
-    await client.query(`DROP DATABASE IF EXISTS ${name}`);
-    await client.query(`CREATE DATABASE ${name}`);
-    await client.end();
-    const u = new URL(db.url);
-    u.pathname = `/${name}`;
-    const pool = openPool({ connectionString: u.toString() });
-    // Called inside a test: an afterAll registered now would never run.
-    onTestFinished(async () => {
-      await closePool(pool);
-      const c = new pg.Client({ connectionString: admin() });
-      await c.connect();
-      await c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      await c.end();
-    });
-    return pool;
-  }
+  /** A pool on a new empty database, dropped when the test ends. */
+  const emptyPool = async () => (await emptyDatabase()).newPool();
 
   it('a tick against a database without the schema fails with what is missing named, and writes nothing', async () => {
-    const pool = await emptyDatabase('noschema');
+    const pool = await emptyPool();
     const err = await tick(pool, { tasks: [job], budgetMs: 20_000 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(PassError);
     // The claim and recovery run at once; whichever fails first names what is missing.
@@ -374,7 +351,7 @@ describe('schemas that are missing or old', () => {
   });
 
   it('migrate() brings a database on the first two migrations up to date, keeping its rows', async () => {
-    const pool = await emptyDatabase('old');
+    const pool = await emptyPool();
     // The migrations folder as it was at 0001: the same files, a journal cut after two entries.
     const dir = mkdtempSync(path.join(tmpdir(), 'outlive-old-migrations-'));
     cpSync(MIGRATIONS_FOLDER, dir, { recursive: true });

@@ -91,22 +91,18 @@ export async function freshDb(): Promise<TestDb> {
   const directUrl = u.toString();
   const poolerUrl = inject('poolerUrl');
   const url = poolerUrl ? urlOn(poolerUrl, name) : directUrl;
-  const pool = openPool({ connectionString: url, max: 20 });
+  const { newPool, drop } = poolsOn(name, url);
+  const pool = newPool({ max: 20 });
   // Tests terminate backends by pid (worker, connection-loss, chaos): an idle
   // client of this pool among them would report it as a pool 'error', which
   // with no listener is thrown.
   pool.on('error', () => undefined);
   let direct: pg.Pool | undefined;
-  const pools = [pool];
-  const dropDb = async () => {
-    await Promise.all(pools.map(closePool));
-    await dropDatabase(name);
-  };
   // Made inside a test, it is dropped when that test ends (an afterAll
   // registered while a test runs is never called: four databases were left
   // behind by every run of worker.test.ts).
-  if (expect.getState().currentTestName !== undefined) onTestFinished(dropDb);
-  else afterAll(dropDb);
+  if (expect.getState().currentTestName !== undefined) onTestFinished(drop);
+  else afterAll(drop);
   return {
     pool,
     url,
@@ -116,18 +112,29 @@ export async function freshDb(): Promise<TestDb> {
       if (!direct) {
         if (url === directUrl) direct = pool;
         else {
-          direct = openPool({ connectionString: directUrl, max: 10 });
+          direct = newPool({ connectionString: directUrl, max: 10 });
           direct.on('error', () => undefined);
-          pools.push(direct);
         }
       }
       return direct;
     },
     rows: async (text, params) => (await pool.query(text, params)).rows,
+    newPool,
+  };
+}
+
+/** Pools on a test database (on `url` unless their config names one), and its drop, which closes them first. */
+function poolsOn(name: string, url: string): { newPool(config?: pg.PoolConfig): pg.Pool; drop(): Promise<void> } {
+  const pools: pg.Pool[] = [];
+  return {
     newPool(config) {
-      const p = openPool({ connectionString: url, ...config });
-      pools.push(p);
-      return p;
+      const pool = openPool({ connectionString: url, ...config });
+      pools.push(pool);
+      return pool;
+    },
+    async drop() {
+      await Promise.all(pools.map(closePool));
+      await dropDatabase(name);
     },
   };
 }
@@ -143,15 +150,17 @@ async function dropDatabase(name: string): Promise<void> {
  * Creates an empty database (no outlive schema: for tests of migrate), made
  * direct as an admin statement; `url` reaches it on the suite's path (through
  * its pooler when it has one), `directUrl` straight. `drop` may be called
- * early; it is dropped when the test ends in any case.
+ * early; it is dropped when the test ends in any case, after the pools
+ * `newPool` made on it are closed.
  */
-export async function emptyDatabase(): Promise<{ url: string; directUrl: string; drop(): Promise<void> }> {
+export async function emptyDatabase(): Promise<{ url: string; directUrl: string; newPool(config?: pg.PoolConfig): pg.Pool; drop(): Promise<void> }> {
   const name = `outlive_t_${process.pid}_empty_${Date.now().toString(36)}_${counter++}`;
   const admin = new pg.Client({ connectionString: inject('pgUrl') });
   await admin.connect();
   await admin.query(`CREATE DATABASE ${name}`);
   await admin.end();
-  const drop = () => dropDatabase(name);
+  const url = urlOn(inject('poolerUrl') || inject('pgUrl'), name);
+  const { newPool, drop } = poolsOn(name, url);
   onTestFinished(drop);
-  return { url: urlOn(inject('poolerUrl') || inject('pgUrl'), name), directUrl: urlOn(inject('pgUrl'), name), drop };
+  return { url, directUrl: urlOn(inject('pgUrl'), name), newPool, drop };
 }
