@@ -162,6 +162,10 @@ const cases: Case[] = [
   // Pass options.
   { name: 'tick budgetMs 0', throws: [ConfigError, /tick option budgetMs must be a whole number >= 1, got 0/], act: () => tick(db.pool, { tasks: [job], budgetMs: 0 }) },
   { name: 'tick concurrency 1.5', throws: [ConfigError, /tick option concurrency must be a whole number >= 1, got 1\.5/], act: () => tick(db.pool, { tasks: [job], concurrency: 1.5 }) },
+  { name: 'tick reserveMs NaN', throws: [ConfigError, /tick option reserveMs must be a whole number >= 0, got NaN/], act: () => tick(db.pool, { tasks: [job], reserveMs: NaN }) },
+  { name: 'tick reserveMs -1', throws: [ConfigError, /tick option reserveMs must be a whole number >= 0, got -1/], act: () => tick(db.pool, { tasks: [job], reserveMs: -1 }) },
+  { name: 'tick leaseGraceMs as a string', throws: [ConfigError, /tick option leaseGraceMs must be a whole number >= 1, got "5000"/], act: () => tick(db.pool, { tasks: [job], leaseGraceMs: '5000' as never }) },
+  { name: 'tick leaseCheckMs 0', throws: [ConfigError, /tick option leaseCheckMs must be a whole number >= 1, got 0/], act: () => tick(db.pool, { tasks: [job], leaseCheckMs: 0 }) },
   { name: 'tick budget shorter than every timeout', throws: [ConfigError, /can claim none of its tasks: the shortest timeoutMs is 15000 ms/], act: () => tick(db.pool, { tasks: [job], budgetMs: 1_000 }) },
   ...SQL.map((s): Case => ({ name: `tick queue ${JSON.stringify(s)}`, throws: [ConfigError, /queue name .* is invalid/], act: () => tick(db.pool, { tasks: [job], queues: [s] }) })),
   { name: 'cancelRun of a run id that is SQL', throws: [Error, /invalid input syntax for type bigint|run id/], act: () => cancelRun(db.pool, SQL[1]!) },

@@ -157,11 +157,12 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   const budgetMs = positiveInt('budgetMs', options.budgetMs, 30_000);
   const concurrency = positiveInt('concurrency', options.concurrency, 10);
   const maxTasks = options.maxTasks === undefined ? Infinity : positiveInt('maxTasks', options.maxTasks, 1);
-  const leaseGraceMs = options.leaseGraceMs ?? 5_000;
+  const leaseGraceMs = positiveInt('leaseGraceMs', options.leaseGraceMs, 5_000);
   const leaseMs = positiveInt('leaseMs', options.leaseMs, 30_000);
+  const leaseCheckMs = positiveInt('leaseCheckMs', options.leaseCheckMs, 1_000);
   const prefetch = options.prefetch ?? 1000;
   checkWhole('tick option prefetch', prefetch, { min: 0 });
-  const reserveMs = options.reserveMs ?? 250;
+  const reserveMs = checkWhole('tick option reserveMs', options.reserveMs ?? 250, { min: 0 });
   const queues = options.queues ? options.queues.map((q) => checkName('queue', q)) : null;
   const now = options.now ?? null;
   const owner = `${options.owner ?? 'pass'}:${globalThis.crypto.randomUUID()}`;
@@ -227,7 +228,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       dbError ??= err;
     },
   );
-  const leases = new LeaseWatch(exec, { owner, now, leaseMs, leaseGraceMs }, options.leaseCheckMs ?? 1_000);
+  const leases = new LeaseWatch(exec, { owner, now, leaseMs, leaseGraceMs }, leaseCheckMs);
 
   const onWake = () => {
     readyCount++;
