@@ -4,8 +4,9 @@
  * - PostgreSQL: embedded, data kept in .data/pg (or the one at DATABASE_URL);
  *   migrations applied.
  * - The Cloudflare Worker (functions/cloudflare.ts, with scripts/local/tasks.ts
- *   as its tasks) in Miniflare, that is in workerd, reaching PostgreSQL through
- *   the Neon driver and a local WebSocket proxy. Its cron trigger fires every
+ *   as its tasks) in Miniflare, that is in workerd, reaching PostgreSQL with
+ *   node-postgres through a Hyperdrive binding, as `wrangler dev` does with
+ *   `localConnectionString`: no proxy. Its cron trigger fires every
  *   OUTLIVE_CRON_SECONDS (default 5) and its signed drain webhook is live.
  * - The dashboard, the Worker's `/dashboard` route, behind a token (from
  *   OUTLIVE_DASHBOARD_TOKEN, or made once and kept in .data/dashboard-token).
@@ -27,7 +28,6 @@ import { startPostgres, type RunningPostgres } from '../test/support/postgres.js
 import { startSite, type LocalSite } from '../test/support/site.js';
 import { COMPATIBILITY_DATE } from '../test/support/worker.js';
 import { bundleLocalWorker } from './local/bundle.js';
-import { startWsProxy, type WsProxy } from '../test/support/ws-proxy.js';
 
 const PORT = Number(process.env.PORT ?? 8787);
 const CRON_SECONDS = Number(process.env.OUTLIVE_CRON_SECONDS ?? 5);
@@ -74,23 +74,24 @@ async function main() {
     cleanups.push(() => pool.end());
     await pool.query(SITE_IMPORT_TABLES);
 
-    const target = new URL(server.url);
-    const proxy: WsProxy = await startWsProxy(`${target.hostname}:${target.port || 5432}`);
-    cleanups.push(() => proxy.close());
     const site: LocalSite = await startSite({ pages: PAGES, failures: { '/page/3': 2, '/page/11': 1, '/page/17': 3 }, delayMs: 300 });
     cleanups.push(() => site.close());
 
     const drainSecret = randomBytes(32).toString('hex');
     const token = dashboardToken();
+    // Hyperdrive, like wrangler's localConnectionString, wants a password in
+    // the URL; a server that trusts local connections ignores it.
+    const hyperdrive = new URL(server.url);
+    if (!hyperdrive.password) hyperdrive.password = 'local';
     const mf = new Miniflare({
       modules: true,
       script: await bundleLocalWorker(),
       compatibilityDate: COMPATIBILITY_DATE,
+      compatibilityFlags: ['nodejs_compat'],
       host: '127.0.0.1',
       port: PORT,
+      hyperdrives: { HYPERDRIVE: hyperdrive.toString() },
       bindings: {
-        DATABASE_URL: server.url,
-        NEON_WS_PROXY: `ws://${proxy.address}`,
         OUTLIVE_DRAIN_SECRET: drainSecret,
         OUTLIVE_DASHBOARD_TOKEN: token,
       },

@@ -1,30 +1,24 @@
 /**
  * The dashboard as a route of the Cloudflare Worker: functions/cloudflare.ts
- * bundled and run in Miniflare (workerd), reading the real database through
- * the Neon driver and the WebSocket proxy.
+ * bundled and run in Miniflare (workerd), reading the real database with
+ * node-postgres through a Hyperdrive binding.
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import { startRun, step } from '../src/index.js';
 import { freshDb } from './support/db.js';
 import { roleUrl } from './support/functions-db.js';
-import { bundleWorker, startWorker } from './support/worker.js';
-import { startWsProxy } from './support/ws-proxy.js';
+import { bundleWorker, startWorker, workerDatabase } from './support/worker.js';
 import { greet } from './fixtures/cli-tasks.js';
 
 const db = await freshDb();
 const { url: databaseUrl, password } = await roleUrl(db);
-const target = new URL(db.url);
-const proxy = await startWsProxy(`${target.hostname}:${target.port || 5432}`);
+const database = await workerDatabase('hyperdrive', databaseUrl);
 const TOKEN = 'worker-dashboard-token-0123456789';
-const worker = await startWorker(await bundleWorker(), {
-  DATABASE_URL: databaseUrl,
-  NEON_WS_PROXY: `ws://${proxy.address}`,
-  OUTLIVE_DASHBOARD_TOKEN: TOKEN,
-});
+const worker = await startWorker(await bundleWorker(), { ...database.bindings, OUTLIVE_DASHBOARD_TOKEN: TOKEN }, database.options);
 
 afterAll(async () => {
   await worker.dispose();
-  await proxy.close();
+  await database.close();
 });
 
 describe('the Worker serves the dashboard', () => {

@@ -64,7 +64,7 @@ async function waitStarted(ids: string[]) {
 }
 
 const defs = definitions(null);
-const worker = await startWorker(await bundleWorker('test/support/function-tasks.ts'), {
+const worker = await startWorker(await bundleWorker('test/support/function-tasks.ts', 'neon'), {
   DATABASE_URL: url,
   NEON_WS_PROXY: proxy.address,
   OUTLIVE_DRAIN_SECRET: secret,

@@ -18,7 +18,7 @@ import { bundleWorker } from '../../scripts/local/bundle.ts';
 
 
 function bundle(): Promise<string> {
-  return bundleWorker({ tasksModule: fileURLToPath(new URL('./worker-tasks.ts', import.meta.url)) });
+  return bundleWorker({ entry: 'neon', tasksModule: fileURLToPath(new URL('./worker-tasks.ts', import.meta.url)) });
 }
 
 /** What the serverless phase measured. */

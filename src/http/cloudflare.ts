@@ -9,8 +9,13 @@
  * export default createCloudflareWorker(tasks);
  * ```
  *
- * Each event opens its own Neon pool and closes it through `ctx.waitUntil`:
- * a WebSocket opened for one request cannot serve another on Workers.
+ * That Worker reaches Postgres through Neon's WebSocket driver and needs no
+ * `nodejs_compat`. With `nodejs_compat`, pass node-postgres to reach any
+ * Postgres, through a Hyperdrive binding named `HYPERDRIVE` where there is
+ * one: `createCloudflareWorker(tasks, { pg })` (`import pg from 'pg'`).
+ *
+ * Each event opens its own pool and closes it through `ctx.waitUntil`: a
+ * connection opened for one request cannot serve another on Workers.
  *
  * It needs the Workers Paid plan: the Free plan gives an invocation 10 ms of
  * CPU, and a pass of 1 to 100 no-op tasks measured 9 to 18 ms.
@@ -21,6 +26,7 @@ import { handleDashboard } from './dashboard/index.js';
 import { cronPass } from './cron.js';
 import { handleDrain } from './drain.js';
 import { budgetWithin, json, openInvocation, type FunctionsEnv, type TasksFor } from './invocation.js';
+import type { PgModule, Runtime } from '../db/connect.js';
 
 // The budgets follow the limits Cloudflare documents for Workers Paid
 // (developers.cloudflare.com/workers/platform/limits: "CPU time", "Duration"
@@ -114,13 +120,27 @@ export interface ExecutionContext {
   waitUntil(promise: Promise<unknown>): void;
 }
 
+/** Options of {@link createCloudflareWorker}. */
+export interface CloudflareWorkerOptions {
+  /**
+   * node-postgres (`import pg from 'pg'`), under `nodejs_compat`: the Worker
+   * then reaches Postgres through the Hyperdrive binding `HYPERDRIVE` where
+   * there is one, else straight to `DATABASE_URL`. Without it, the Worker
+   * uses Neon's WebSocket driver on `DATABASE_URL`.
+   */
+  pg?: PgModule;
+  /** `'neon'` keeps Neon's driver even when `pg` is given. */
+  driver?: 'pg' | 'neon';
+}
+
 /** Builds the Worker for a task list (the default export uses `./tasks.ts`). */
-export function createCloudflareWorker(tasksFor: TasksFor) {
+export function createCloudflareWorker(tasksFor: TasksFor, options: CloudflareWorkerOptions = {}) {
+  const runtime: Runtime = { kind: 'workerd', pg: options.pg, driver: options.driver };
   return {
     /** The cron trigger: recovery, then a bounded pass. */
     async scheduled(controller: ScheduledController, env: FunctionsEnv, ctx: ExecutionContext): Promise<void> {
       const budgetCeilingMs = workerBudgetMs({ trigger: 'cron', cron: controller.cron }, cpuMsOf(env));
-      const inv = openInvocation(env, { platform: 'cloudflare', tasks: tasksFor, budgetCeilingMs });
+      const inv = openInvocation(env, { platform: 'cloudflare', tasks: tasksFor, budgetCeilingMs, runtime });
       try {
         await cronPass(inv);
       } finally {
@@ -131,7 +151,7 @@ export function createCloudflareWorker(tasksFor: TasksFor) {
     /** `POST /drain`, the signed webhook; `/dashboard` (token-protected); everything else is 404. */
     async fetch(request: Request, env: FunctionsEnv, ctx: ExecutionContext): Promise<Response> {
       const pathname = new URL(request.url).pathname;
-      if (pathname === '/dashboard' || pathname.startsWith('/dashboard/')) return dashboard(request, env, ctx, tasksFor);
+      if (pathname === '/dashboard' || pathname.startsWith('/dashboard/')) return dashboard(request, env, ctx, tasksFor, runtime);
       // `/drain/` too: the signature treats the two as one endpoint, as platforms redirect between them.
       if (pathname !== '/drain' && pathname !== '/drain/') return json(404, { error: 'not found' });
       let inv;
@@ -141,6 +161,7 @@ export function createCloudflareWorker(tasksFor: TasksFor) {
           tasks: tasksFor,
           budgetCeilingMs: workerBudgetMs({ trigger: 'drain', background: mayAnswerAtOnce(request) }, cpuMsOf(env)),
           waitUntil: (work) => ctx.waitUntil(work),
+          runtime,
         });
       } catch (err) {
         // A ConfigError names a setting, never its value.
@@ -157,11 +178,11 @@ export function createCloudflareWorker(tasksFor: TasksFor) {
 }
 
 /** `/dashboard`: the pages over the invocation's pool, behind `OUTLIVE_DASHBOARD_TOKEN`. */
-async function dashboard(request: Request, env: FunctionsEnv, ctx: ExecutionContext, tasksFor: TasksFor): Promise<Response> {
+async function dashboard(request: Request, env: FunctionsEnv, ctx: ExecutionContext, tasksFor: TasksFor, runtime: Runtime): Promise<Response> {
   let inv;
   try {
     // The dashboard runs no pass; its budget is only what an invocation needs.
-    inv = openInvocation(env, { platform: 'cloudflare', tasks: tasksFor, budgetCeilingMs: workerBudgetMs({ trigger: 'drain', background: false }) });
+    inv = openInvocation(env, { platform: 'cloudflare', tasks: tasksFor, budgetCeilingMs: workerBudgetMs({ trigger: 'drain', background: false }), runtime });
   } catch (err) {
     console.log(JSON.stringify({ outlive: 'dashboard-misconfigured', error: toError(err).message }));
     return json(500, { error: 'the dashboard is not configured' });
@@ -178,3 +199,4 @@ async function dashboard(request: Request, env: FunctionsEnv, ctx: ExecutionCont
 }
 
 export type { FunctionsEnv, TaskDeps, TasksFor, Deployment } from './invocation.js';
+export type { PgModule, InvocationPool, HyperdriveBinding } from '../db/connect.js';

@@ -1,24 +1,26 @@
 /**
  * One invocation of a serverless function, whatever the platform: its
- * settings read from the environment, its own Neon pool, the tasks it runs,
- * a log that never prints a secret, and the bounded pass itself.
+ * settings read from the environment, its own pool (node-postgres or Neon's
+ * driver, as `src/db/connect.ts` decides), the tasks it runs, a log that
+ * never prints a secret, and the bounded pass itself.
  *
  * Platform entry points (`cloudflare.ts`, `vercel/`) only say what their
  * platform allows (the budget ceiling, whether work may continue after the
  * response) and hand requests to `drain.ts` and `cron.ts`.
  */
 import { isWhole } from '../model/checks.js';
-import type { Pool } from '@neondatabase/serverless';
 import { ConfigError, toError } from '../model/errors.js';
-import { neonPool } from '../db/neon.js';
+import { chooseDatabase, openInvocationPool, type DatabaseChoice, type InvocationPool, type Runtime } from '../db/connect.js';
 import type { TaskList } from '../model/task.js';
 import type { AnySchedule } from '../maintenance/schedule.js';
 import { PassError, tick, type TickReport } from '../pass/tick.js';
 
 /** The environment the functions read (Worker bindings, or `process.env` on Vercel). */
 export interface FunctionsEnv {
-  /** The database's connection string. Secret. */
+  /** The database's connection string. Secret. On Workers, a Hyperdrive binding may take its place. */
   DATABASE_URL?: string;
+  /** Workers: a Hyperdrive binding, used with node-postgres (`createCloudflareWorker(tasks, { pg })`). */
+  HYPERDRIVE?: unknown;
   /** Shared secret of the drain webhook's HMAC signatures. Secret. */
   OUTLIVE_DRAIN_SECRET?: string;
   /** The drain's public URLs or endpoint ids, comma-separated, that nudges are signed for; default the URL a request arrives at. */
@@ -27,7 +29,7 @@ export interface FunctionsEnv {
   CRON_SECRET?: string;
   /** The dashboard's token (`/dashboard`); without it the dashboard answers 401. Secret. */
   OUTLIVE_DASHBOARD_TOKEN?: string;
-  /** A WebSocket proxy in front of a non-Neon Postgres (local development and tests only). */
+  /** The Neon driver only: a WebSocket proxy in front of a Postgres that is not Neon (tests only; node-postgres needs none). */
   NEON_WS_PROXY?: string;
   /** Lowers the pass's budget below the platform's ceiling (ms). */
   OUTLIVE_BUDGET_MS?: string;
@@ -42,7 +44,7 @@ export interface FunctionsEnv {
 export interface TaskDeps {
   env: FunctionsEnv;
   /** The invocation's pool; handlers may query it (keep queries short: it is shared with the pass). */
-  pool: Pool;
+  pool: InvocationPool;
 }
 
 /** What a deployment runs: its tasks and, optionally, the schedules its cron tick fires. */
@@ -66,7 +68,9 @@ export interface Invocation {
   /** Names the platform in logs and lease owners (`cloudflare`, `vercel`); owners read `cloudflare:drain:<uuid>`. */
   readonly platform: string;
   readonly env: FunctionsEnv;
-  readonly pool: Pool;
+  /** The driver and where its connection string came from (never the string itself in a log). */
+  readonly database: DatabaseChoice;
+  readonly pool: InvocationPool;
   readonly tasks: TaskList;
   /** Schedules the cron tick fires before its pass. */
   readonly schedules: readonly AnySchedule[];
@@ -104,7 +108,9 @@ export interface InvocationOptions {
    */
   budgetCeilingMs: number;
   waitUntil?: (work: Promise<unknown>) => void;
-  /** For runtimes without a global WebSocket (Node before 22). */
+  /** What the runtime has: `src/db/connect.ts` picks the driver from it. */
+  runtime: Runtime;
+  /** For the Neon driver on runtimes without a global WebSocket (Node before 22). */
   webSocketConstructor?: unknown;
   /** Where log lines go. Default `console.log`. */
   write?: (line: string) => void;
@@ -118,15 +124,19 @@ function secretsOf(env: FunctionsEnv): string[] {
     const value = env[name];
     if (typeof value === 'string' && value.length >= 4) secrets.push(value);
   }
+  // Hyperdrive's connection string holds credentials it generated.
+  const hyperdrive = (env.HYPERDRIVE as { connectionString?: unknown } | undefined)?.connectionString;
+  if (typeof hyperdrive === 'string' && hyperdrive.length >= 4) secrets.push(hyperdrive);
   // The database password on its own, too: a driver error may quote it.
-  try {
-    if (env.DATABASE_URL) {
-      const raw = new URL(env.DATABASE_URL).password;
+  for (const url of [env.DATABASE_URL, hyperdrive]) {
+    try {
+      if (typeof url !== 'string' || !url) continue;
+      const raw = new URL(url).password;
       const password = decodeURIComponent(raw);
       if (password.length >= 4) secrets.push(raw, password, encodeURIComponent(password));
+    } catch {
+      // Not a URL; the whole value is already listed.
     }
-  } catch {
-    // Not a URL; the whole value is already listed.
   }
   // Longest first, so a secret containing another is blanked whole.
   return secrets.sort((a, b) => b.length - a.length);
@@ -164,9 +174,7 @@ export function openInvocation(env: FunctionsEnv, options: InvocationOptions): I
     write(redact(line));
   };
 
-  if (typeof env.DATABASE_URL !== 'string' || env.DATABASE_URL.length === 0) {
-    throw new ConfigError('outlive: DATABASE_URL is not set: add your Neon connection string as a secret of this deployment');
-  }
+  const database = chooseDatabase(env, options.runtime);
   const requested = positiveIntFrom(env, 'OUTLIVE_BUDGET_MS');
   let budgetMs = options.budgetCeilingMs;
   if (requested !== undefined && requested > options.budgetCeilingMs) {
@@ -175,13 +183,14 @@ export function openInvocation(env: FunctionsEnv, options: InvocationOptions): I
     budgetMs = requested;
   }
   const concurrency = positiveIntFrom(env, 'OUTLIVE_CONCURRENCY');
-  const pool = neonPool({
-    connectionString: env.DATABASE_URL,
+  const pool = openInvocationPool(database, {
+    pg: options.runtime.pg,
     wsProxy: typeof env.NEON_WS_PROXY === 'string' && env.NEON_WS_PROXY ? env.NEON_WS_PROXY : undefined,
     webSocketConstructor: options.webSocketConstructor,
   });
-  // An idle client that errors (the socket closed under it) must not crash the isolate.
-  pool.on('error', (err: unknown) => log('pool-error', { error: toError(err).message }));
+  // An idle client that errors (the socket closed under it) must not crash
+  // the isolate. Its message only: the client itself holds the cancel key.
+  pool.on('error', (err: unknown) => log('pool-error', { driver: database.driver, error: toError(err).message }));
   const built = options.tasks({ env, pool });
   const deployment: Deployment = Array.isArray(built) || built instanceof Map ? { tasks: built as TaskList } : (built as Deployment);
   const tasks = deployment.tasks;
@@ -200,6 +209,7 @@ export function openInvocation(env: FunctionsEnv, options: InvocationOptions): I
   return {
     platform: options.platform,
     env,
+    database,
     pool,
     tasks,
     schedules,
@@ -244,12 +254,12 @@ export async function runPass(inv: Invocation, trigger: Trigger, options: PassOp
       ...(options.queues ? { queues: options.queues } : {}),
       owner: `${inv.platform}:${trigger}`,
     });
-    inv.log('pass', { trigger, budgetMs: inv.budgetMs, ...report });
+    inv.log('pass', { trigger, driver: inv.database.driver, budgetMs: inv.budgetMs, ...report });
     return report;
   } catch (thrown) {
     const err = toError(thrown);
     const report = err instanceof PassError ? err.report : undefined;
-    inv.log('pass-failed', { trigger, error: err.message, ...(report ?? {}) });
+    inv.log('pass-failed', { trigger, driver: inv.database.driver, database: inv.database.from, error: err.message, ...(report ?? {}) });
     // No `cause`: a platform that prints the thrown error would print the unredacted one.
     if (report) throw new PassError(inv.redact(err.message), report, { cause: undefined });
     throw new Error(inv.redact(err.message));

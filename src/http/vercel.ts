@@ -12,16 +12,20 @@
  * ```
  *
  * On Vercel the drain answers a nudge at once (202) and runs its pass in
- * Vercel's `waitUntil`, as the Worker does in `ctx.waitUntil`. That comes
- * from `@vercel/functions`, an optional peer dependency: add it to the app.
- * Without it, or off Vercel with no `waitUntil` given, the drain answers when
- * its pass is done (200 with the report), whatever the `Prefer` header.
+ * Vercel's `waitUntil` (from `@vercel/functions`), as the Worker does in
+ * `ctx.waitUntil`. Off Vercel with no `waitUntil` given, the drain answers
+ * when its pass is done (200 with the report), whatever the `Prefer` header.
+ *
+ * On the Node.js runtime the routes reach any Postgres through node-postgres,
+ * or through Neon's driver when `DATABASE_URL` is Neon's; on the Edge runtime
+ * through Neon's driver (`src/db/connect.ts` decides).
  */
 import { handleCronRequest } from './cron.js';
 import { handleDashboard } from './dashboard/index.js';
 import { handleDrain } from './drain.js';
 import { budgetWithin, json, openInvocation, type FunctionsEnv, type Invocation, type TasksFor } from './invocation.js';
 import { toError } from '../model/errors.js';
+import type { DriverName, PgModule, Runtime } from '../db/connect.js';
 
 // The budget follows the limits Vercel documents (vercel.com/docs/functions/
 // limitations and /configuring-functions/duration; @vercel/functions'
@@ -57,12 +61,13 @@ interface VercelRuntime {
   getDeadline(): Date | undefined;
 }
 
-let runtime: Promise<VercelRuntime | null> | undefined;
+let vercel: Promise<VercelRuntime | null> | undefined;
 let warned = false;
 
-// Loaded on Vercel only, once: an app that is not on Vercel needs no package.
+// Loaded on Vercel only, once. It is a dependency of outlive, so a bundler
+// always finds it; null only where it cannot load.
 function vercelRuntime(): Promise<VercelRuntime | null> {
-  runtime ??= import('@vercel/functions').then(
+  vercel ??= import('@vercel/functions').then(
     (fns) => ({
       waitUntil: fns.waitUntil,
       // getDeadline came in 3.8; an older copy means no deadline, not no waitUntil.
@@ -70,7 +75,22 @@ function vercelRuntime(): Promise<VercelRuntime | null> {
     }),
     () => null,
   );
-  return runtime;
+  return vercel;
+}
+
+declare const EdgeRuntime: string | undefined;
+
+/** True on Vercel's Edge runtime (and Next.js middleware), which has no TCP sockets. */
+function onEdge(): boolean {
+  return typeof EdgeRuntime === 'string';
+}
+
+let pgModule: Promise<PgModule> | undefined;
+
+/** node-postgres, loaded once on the Node.js runtime. */
+function loadPg(): Promise<PgModule> {
+  pgModule ??= import('pg').then((m) => ((m as { default?: PgModule }).default ?? (m as unknown as PgModule)));
+  return pgModule;
 }
 
 async function webSocketClass(): Promise<unknown> {
@@ -86,6 +106,12 @@ export interface RouteOptions {
   env?: FunctionsEnv;
   /** Default `console.log`. */
   write?: (line: string) => void;
+  /**
+   * The driver: `'pg'` (node-postgres, any Postgres) or `'neon'` (Neon's
+   * WebSocket driver). Default: node-postgres on the Node.js runtime unless
+   * `DATABASE_URL` is Neon's; Neon's driver on the Edge runtime.
+   */
+  driver?: DriverName;
   /**
    * The route's `maxDuration` in vercel.json (s), assumed when Vercel does
    * not give the invocation's deadline. Default {@link VERCEL_MAX_DURATION_S};
@@ -115,14 +141,17 @@ async function open(tasksFor: TasksFor, options: RouteOptions, { background }: {
   const vercel = onVercel ? await vercelRuntime() : null;
   if (onVercel && !vercel && !warned) {
     warned = true;
-    write(JSON.stringify({ outlive: 'vercel-functions-missing', platform: 'vercel', error: 'add @vercel/functions to the app so the drain can answer at once' }));
+    write(JSON.stringify({ outlive: 'vercel-functions-missing', platform: 'vercel', error: '@vercel/functions could not be loaded: the drain answers when its pass is done' }));
   }
   const waitUntil = options.waitUntil ?? vercel?.waitUntil ?? null;
   try {
+    const edge = onEdge();
+    const runtime: Runtime = { kind: edge ? 'edge' : 'node', driver: options.driver, pg: edge || options.driver === 'neon' ? undefined : await loadPg() };
     const inv = openInvocation(env, {
       platform: 'vercel',
       tasks: tasksFor,
       budgetCeilingMs: vercelBudgetMs(options.maxDuration ?? VERCEL_MAX_DURATION_S, vercel?.getDeadline()),
+      runtime,
       webSocketConstructor: await webSocketClass(),
       write,
       ...(background && waitUntil ? { waitUntil } : {}),
@@ -190,3 +219,4 @@ export function createDashboardRoute(tasksFor: TasksFor, options: RouteOptions &
 }
 
 export type { FunctionsEnv, TaskDeps, TasksFor, Deployment } from './invocation.js';
+export type { DriverName, InvocationPool } from '../db/connect.js';

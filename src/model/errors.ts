@@ -50,15 +50,45 @@ export class RetryAfterError extends Error {
   }
 }
 
-/** Turns anything thrown into an Error, so every catch deals in one type. */
+/** The most of a plain object's JSON an error message carries. */
+const MAX_THROWN_JSON = 500;
+
+/**
+ * Turns anything thrown into an Error, so every catch deals in one type, and
+ * keeps what says what happened: an Event's message (the Neon driver throws
+ * an `ErrorEvent` on Node 22+, whose message is on its prototype, so its
+ * JSON is `{}`), a driver's `code`, a plain object's JSON (bounded). An
+ * object that is not plain data (a driver's client, an event) is never
+ * written out: its fields may hold the backend's cancel key or a password.
+ */
 export function toError(thrown: unknown): Error {
   if (thrown instanceof Error) return thrown;
   if (typeof thrown === 'string') return new Error(thrown);
+  if (thrown === null || typeof thrown !== 'object') return new Error(`non-Error thrown: ${String(thrown)}`);
+  const o = thrown as { message?: unknown; error?: unknown; code?: unknown };
+  const kind = kindOf(thrown);
+  const cause = o.error instanceof Error ? o.error : undefined;
+  const message = typeof o.message === 'string' && o.message !== '' ? o.message : cause?.message;
+  if (message) {
+    const err = new Error(kind ? `${kind}: ${message}` : message, cause ? { cause } : undefined);
+    if (typeof o.code === 'string' || typeof o.code === 'number') Object.assign(err, { code: o.code });
+    return err;
+  }
+  if (kind) return new Error(`non-Error thrown: a ${kind}`);
   let text: string;
   try {
     text = JSON.stringify(thrown) ?? String(thrown);
   } catch {
     text = String(thrown);
   }
+  if (text.length > MAX_THROWN_JSON) text = `${text.slice(0, MAX_THROWN_JSON)}…`;
   return new Error(`non-Error thrown: ${text}`);
+}
+
+/** The class name of an object that is not plain data, or undefined for a plain object. */
+function kindOf(value: object): string | undefined {
+  const proto = Object.getPrototypeOf(value) as { constructor?: { name?: unknown } } | null;
+  if (proto === null || proto === Object.prototype) return undefined;
+  const name = proto.constructor?.name;
+  return typeof name === 'string' && name !== '' ? name : 'object';
 }

@@ -22,6 +22,7 @@ function drainOf(db: TestDb, env: FunctionsEnv = {}) {
   const inv: Invocation = {
     platform: 'test',
     env: { OUTLIVE_DRAIN_SECRET: SECRET, ...env },
+    database: { driver: 'pg', connectionString: db.url, from: 'DATABASE_URL' },
     pool: db.pool as unknown as Invocation['pool'],
     tasks: [],
     schedules: [],
