@@ -12,6 +12,7 @@
 // Defining tasks and runs.
 export { defineTask } from './model/task.js';
 export type { Task, TaskConfig, TaskContext, TaskHandler, TaskInput, TaskOutput, RetryPolicy, AnyTask, TaskList } from './model/task.js';
+export type { InputSchema } from './model/input-schema.js';
 export type { BackoffOptions } from './model/backoff.js';
 export { step } from './model/step.js';
 export type { Step, StepOptions } from './model/step.js';

@@ -44,4 +44,9 @@ describe('the layers of src/', () => {
     expect(outside).toEqual([]);
     expect(upward).toEqual([]);
   });
+
+  it('no file imports zod: a task\'s schema is any Standard Schema, so an app on valibot installs no zod', () => {
+    const importers = files(src).filter((file) => /(?:from|import)\s*\(?\s*'zod(?:\/[^']*)?'/.test(readFileSync(file, 'utf8')));
+    expect(importers.map((f) => path.relative(root, f))).toEqual([]);
+  });
 });

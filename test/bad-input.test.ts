@@ -32,6 +32,8 @@ const SQL = [`'; DROP TABLE outlive.tasks; --`, `" OR 1=1 --`, `$$; DELETE FROM 
 
 const job = defineTask({ name: 'bad.job', input: z.object({ n: z.number().int(), s: z.string().optional() }), queue: 'seeded', run: async ({ n }) => ({ n }) });
 const anything = defineTask({ name: 'bad.any', input: z.any(), queue: 'seeded', run: async () => null });
+/** A schema with an asynchronous check, which enqueue (synchronous, for db.batch) cannot run. */
+const asyncJob = defineTask({ name: 'bad.async', input: z.object({ n: z.number() }).refine(async () => true), queue: 'seeded', run: async ({ n }) => ({ n }) });
 
 // Rows for the checksums to cover: plain tasks, a run with edges, a schedule.
 await enqueueMany(db.pool, job, [{ n: 1 }, { n: 2 }, { n: 3 }]);
@@ -113,6 +115,18 @@ const cases: Case[] = [
   { name: 'input undefined (no JSON at all)', throws: [InvalidEnqueueError, /input does not serialise to JSON \(undefined\)/], act: () => enqueue(db.pool, anything, undefined) },
   { name: 'one bad input among good ones in enqueueMany', throws: [InvalidEnqueueError, /input does not match its schema/], act: () => enqueueMany(db.pool, job, [{ n: 7 }, { n: 'x' } as never, { n: 8 }]) },
   { name: 'enqueueMany given no array', throws: [InvalidEnqueueError, /enqueueMany takes an array of inputs/], act: () => enqueueMany(db.pool, job, { n: 1 } as never) },
+  // An asynchronous schema, refused by every synchronous door with the fix.
+  ...([
+    ['enqueue', () => enqueue(db.pool, asyncJob, { n: 1 })],
+    ['enqueueMany', () => enqueueMany(db.pool, asyncJob, [{ n: 1 }, { n: 2 }])],
+    ['batchEnqueue', async () => batchEnqueue(drizzle(db.pool), asyncJob, { n: 1 })],
+    ['a run\'s step', () => startRun(db.pool, 'async-step', { a: step(job, { n: 1 }), b: step(asyncJob, { n: 2 }) })],
+  ] as const).map(([door, act]): Case => ({
+    name: `an asynchronous schema, in ${door}`,
+    throws: [InvalidEnqueueError, /cannot enqueue "bad\.async": its input schema's validate returned a Promise .*make the schema synchronous and do asynchronous checks in the task's handler/],
+    act,
+  })),
+  { name: 'a schedule of a task with an asynchronous schema', throws: [ConfigError, /schedule "bad\.async": task "bad\.async" cannot be scheduled: its input schema's validate returned a Promise/], act: () => defineSchedule({ name: 'bad.async', cron: '0 * * * *', task: asyncJob, input: { n: 1 } }) },
   // Unknown tasks and bad options.
   { name: 'enqueue of an object that is not a defined task', throws: [InvalidEnqueueError, /enqueue needs a task made by defineTask\(\)/], act: () => enqueue(db.pool, { name: 'bad.job' } as AnyTask, { n: 1 }) },
   { name: 'maxAttempts 0', throws: [InvalidEnqueueError, /maxAttempts must be a whole number from 1 to 1000, got 0/], act: () => enqueue(db.pool, job, { n: 1 }, { maxAttempts: 0 }) },
@@ -138,6 +152,8 @@ const cases: Case[] = [
   { name: 'task name empty', throws: [ConfigError, /task name "" is invalid/], act: () => defineTask({ name: '', input: z.object({}), run: async () => null }) },
   { name: 'task name of 201 characters', throws: [ConfigError, /task name "x+" is invalid/], act: () => defineTask({ name: longName, input: z.object({}), run: async () => null }) },
   { name: 'task without an input schema', throws: [ConfigError, /needs an input schema/], act: () => defineTask({ name: 'no-schema', input: undefined as never, run: async () => null }) },
+  { name: 'task whose input is not a Standard Schema', throws: [ConfigError, /task "not-a-schema" needs an input schema \(it has no `~standard` property\): pass a Standard Schema such as a zod, valibot or ArkType schema as `input`/], act: () => defineTask({ name: 'not-a-schema', input: { safeParse: () => ({ success: true }) } as never, run: async () => null }) },
+  { name: 'task whose input is a Standard Schema of another version', throws: [ConfigError, /implements Standard Schema version 2, and outlive reads version 1\): pass a Standard Schema/], act: () => defineTask({ name: 'schema-v2', input: { '~standard': { version: 2, vendor: 'x', validate: (value: unknown) => ({ value }) } } as never, run: async () => null }) },
   { name: 'task timeoutMs 0', throws: [ConfigError, /timeoutMs must be a whole number of milliseconds from 1/], act: () => defineTask({ name: 't0', input: z.object({}), timeoutMs: 0, run: async () => null }) },
   { name: 'two tasks under one name in a pass', throws: [ConfigError, /two tasks are named "bad\.job"/], act: () => tick(db.pool, { tasks: [job, defineTask({ name: 'bad.job', input: z.object({}), run: async () => null })] }) },
   // Graphs.

@@ -71,6 +71,34 @@ describe('outlive CLI', { timeout: 120_000 }, () => {
     expect(await db.rows(`SELECT count(*)::int AS n FROM outlive.tasks`)).toEqual([{ n: 1 }]);
   });
 
+  it('enqueues tasks whose schemas are valibot or ArkType, checked alike; an asynchronous schema is exit 2 with the fix', async () => {
+    const tasks = ['--tasks', 'test/fixtures/cli-schema-tasks.ts', ...url, '--json'];
+    const before = await db.rows<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.tasks`);
+    const valibot = await cli(['enqueue', 'valibot.greet', '{"name":"ada","tags":"a,b"}', ...tasks]);
+    expect(valibot.code, valibot.err).toBe(0);
+    const arktype = await cli(['enqueue', 'arktype.greet', '{"name":"grace"}', ...tasks]);
+    expect(arktype.code, arktype.err).toBe(0);
+    const ids = [valibot, arktype].map((r) => (JSON.parse(r.out) as { id: string }).id);
+    // The row keeps the input as given; the schema's output is the handler's.
+    expect(await db.rows(`SELECT name, input FROM outlive.tasks WHERE id = ANY($1::bigint[]) ORDER BY id`, [ids])).toEqual([
+      { name: 'valibot.greet', input: { name: 'ada', tags: 'a,b' } },
+      { name: 'arktype.greet', input: { name: 'grace' } },
+    ]);
+
+    const badValibot = await cli(['enqueue', 'valibot.greet', '{"name":"","tags":7}', ...tasks]);
+    expect(badValibot.code).toBe(2);
+    expect(oneLine(badValibot.err)).toBe('outlive: invalid input for "valibot.greet": name: Invalid length: Expected >=1 but received 0; tags: Invalid type: Expected string but received 7');
+    const badArkType = await cli(['enqueue', 'arktype.greet', '"grace"', ...tasks]);
+    expect(badArkType.code).toBe(2);
+    expect(oneLine(badArkType.err)).toMatch(/^outlive: invalid input for "arktype\.greet": \(input\): must be an object/);
+    const async = await cli(['enqueue', 'async.greet', '{"name":"ada"}', ...tasks]);
+    expect(async.code).toBe(2);
+    expect(oneLine(async.err)).toMatch(/^outlive: cannot enqueue "async\.greet": its input schema's validate returned a Promise .*make the schema synchronous/);
+    expect(await db.rows(`SELECT count(*)::int AS n FROM outlive.tasks`)).toEqual([{ n: before[0]!.n + 2 }]);
+    // The tests after this one count the rows of the zod tasks alone.
+    await db.pool.query(`DELETE FROM outlive.tasks WHERE id = ANY($1::bigint[])`, [ids]);
+  });
+
   it('answers 3 for an unreachable database and 2 for a bad URL or usage, in one line', async () => {
     const down = await cli(['status', '--database-url', 'postgres://postgres@127.0.0.1:1/nothing']);
     expect(down.code).toBe(3);

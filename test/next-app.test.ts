@@ -159,7 +159,7 @@ describe('a Next.js app-router app built with the packed package (examples/next)
     const overview = await fetch(`${base}/api/dashboard`, { headers: { cookie } });
     expect(overview.status).toBe(200);
     expect(await overview.text()).toContain('<h1>Overview</h1>');
-    const [{ id }] = await db.rows<{ id: string }>(`SELECT id::text FROM outlive.tasks ORDER BY id LIMIT 1`);
+    const { id } = (await db.rows<{ id: string }>(`SELECT id::text FROM outlive.tasks ORDER BY id LIMIT 1`))[0]!;
     const page = await fetch(`${base}/api/dashboard/tasks/${id}`, { headers: { cookie } });
     expect(page.status, await page.clone().text()).toBe(200);
     const task = await page.text();

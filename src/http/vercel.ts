@@ -12,9 +12,9 @@
  * ```
  *
  * On Vercel the drain answers a nudge at once (202) and runs its pass in
- * Vercel's `waitUntil` (from `@vercel/functions`), as the Worker does in
- * `ctx.waitUntil`. Off Vercel with no `waitUntil` given, the drain answers
- * when its pass is done (200 with the report), whatever the `Prefer` header.
+ * Vercel's `waitUntil`, as the Worker does in `ctx.waitUntil`. Off Vercel
+ * with no `waitUntil` given, the drain answers when its pass is done (200
+ * with the report), whatever the `Prefer` header.
  *
  * On the Node.js runtime the routes reach any Postgres through node-postgres,
  * or through Neon's driver when `DATABASE_URL` is Neon's; on the Edge runtime
@@ -28,13 +28,13 @@ import { toError } from '../model/errors.js';
 import type { DriverName, PgModule, Runtime } from '../db/connect.js';
 
 // The budget follows the limits Vercel documents (vercel.com/docs/functions/
-// limitations and /configuring-functions/duration; @vercel/functions'
-// reference for waitUntil and getDeadline):
+// limitations and /configuring-functions/duration; the reference of
+// @vercel/functions for waitUntil and getDeadline):
 // - a function runs at most its maxDuration, set per route in vercel.json:
 //   300 s by default, at most 300 s on Hobby and 800 s on Pro and Enterprise;
 // - work passed to waitUntil shares it: it ends at the invocation's deadline,
 //   as the response does, so a drain in waitUntil gets no less and no more.
-// When @vercel/functions gives the invocation's deadline (getDeadline), the
+// When Vercel gives the invocation's deadline (what getDeadline reads), the
 // pass ends a tenth before it, at least 5 s (budgetWithin); that follows the
 // route's real maxDuration and the time a cold start already took. Else the
 // route assumes `maxDuration` (its option, default 60 s as vercel.json sets
@@ -55,28 +55,36 @@ export function vercelBudgetMs(maxDurationS: number, deadline?: Date, now: numbe
   return budgetWithin(limitMs);
 }
 
-/** What the routes use of `@vercel/functions`. */
-interface VercelRuntime {
-  waitUntil(work: Promise<unknown>): void;
-  getDeadline(): Date | undefined;
+/** What Vercel's runtime gives each invocation, where `@vercel/functions` reads it. */
+interface RequestContext {
+  waitUntil?: unknown;
+  /** The invocation's deadline, shared by the response and its waitUntil work (an ISO date). */
+  deadline?: unknown;
 }
 
-let vercel: Promise<VercelRuntime | null> | undefined;
+/**
+ * The request context Vercel's runtime keeps for the invocation in flight:
+ * the global `@vercel/functions` reads its `waitUntil` and `getDeadline`
+ * from. Read here without that package (its dependencies would reach every
+ * app that installs outlive, Workers included), and without an import a
+ * bundler must resolve.
+ */
+function requestContext(): RequestContext | undefined {
+  const holder = (globalThis as Record<symbol, unknown>)[Symbol.for('@vercel/request-context')] as { get?: () => unknown } | undefined;
+  const context = typeof holder?.get === 'function' ? holder.get() : undefined;
+  return context !== null && typeof context === 'object' ? (context as RequestContext) : undefined;
+}
+
+/** What a route uses of Vercel's runtime, or null where it has none. */
+function vercelRuntime(): { waitUntil: (work: Promise<unknown>) => void; deadline: Date | undefined } | null {
+  const context = requestContext();
+  if (typeof context?.waitUntil !== 'function') return null;
+  const waitUntil = context.waitUntil as (work: Promise<unknown>) => void;
+  const deadline = typeof context.deadline === 'string' || typeof context.deadline === 'number' ? new Date(context.deadline) : undefined;
+  return { waitUntil: (work) => waitUntil.call(context, work), deadline: deadline && !Number.isNaN(deadline.getTime()) ? deadline : undefined };
+}
+
 let warned = false;
-
-// Loaded on Vercel only, once. It is a dependency of outlive, so a bundler
-// always finds it; null only where it cannot load.
-function vercelRuntime(): Promise<VercelRuntime | null> {
-  vercel ??= import('@vercel/functions').then(
-    (fns) => ({
-      waitUntil: fns.waitUntil,
-      // getDeadline came in 3.8; an older copy means no deadline, not no waitUntil.
-      getDeadline: typeof fns.getDeadline === 'function' ? fns.getDeadline : () => undefined,
-    }),
-    () => null,
-  );
-  return vercel;
-}
 
 declare const EdgeRuntime: string | undefined;
 
@@ -120,9 +128,10 @@ export interface RouteOptions {
   maxDuration?: number;
   /**
    * Continues work after the response. Default on Vercel (`VERCEL=1`):
-   * `waitUntil` of `@vercel/functions`; elsewhere none, and the drain answers
-   * when its pass is done. Give one to run the routes on another host that
-   * has it.
+   * Vercel's own `waitUntil` (the one `@vercel/functions` exports);
+   * elsewhere none, and the drain answers when its pass is done. Give one to
+   * run the routes on another host that has it (Next.js: `after` from
+   * `next/server`).
    */
   waitUntil?: (work: Promise<unknown>) => void;
 }
@@ -138,10 +147,10 @@ async function open(tasksFor: TasksFor, options: RouteOptions, { background }: {
   const write = options.write ?? ((line: string) => console.log(line));
   const env = options.env ?? (process.env as FunctionsEnv);
   const onVercel = env.VERCEL === '1';
-  const vercel = onVercel ? await vercelRuntime() : null;
+  const vercel = onVercel ? vercelRuntime() : null;
   if (onVercel && !vercel && !warned) {
     warned = true;
-    write(JSON.stringify({ outlive: 'vercel-functions-missing', platform: 'vercel', error: '@vercel/functions could not be loaded: the drain answers when its pass is done' }));
+    write(JSON.stringify({ outlive: 'vercel-context-missing', platform: 'vercel', error: "VERCEL=1 but Vercel's request context has no waitUntil: the drain answers when its pass is done" }));
   }
   const waitUntil = options.waitUntil ?? vercel?.waitUntil ?? null;
   try {
@@ -150,7 +159,7 @@ async function open(tasksFor: TasksFor, options: RouteOptions, { background }: {
     const inv = openInvocation(env, {
       platform: 'vercel',
       tasks: tasksFor,
-      budgetCeilingMs: vercelBudgetMs(options.maxDuration ?? VERCEL_MAX_DURATION_S, vercel?.getDeadline()),
+      budgetCeilingMs: vercelBudgetMs(options.maxDuration ?? VERCEL_MAX_DURATION_S, vercel?.deadline),
       runtime,
       webSocketConstructor: await webSocketClass(),
       write,

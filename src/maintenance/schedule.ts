@@ -13,6 +13,7 @@
  * through Intl), so this file runs on Node and in Workers alike.
  */
 import { checkName, formatIssues, isWhole } from '../model/checks.js';
+import { ASYNC_SCHEMA, ASYNC_SCHEMA_FIX, isInputSchema, validateNow } from '../model/input-schema.js';
 import { Cron } from 'croner';
 import { enqueue } from '../write/enqueue.js';
 import { type EnqueueOptions } from '../model/row.js';
@@ -99,7 +100,7 @@ export function isSchedule(value: unknown): value is AnySchedule {
 export function defineSchedule<T extends AnyTask>(config: ScheduleConfig<T>): Schedule<T> {
   const name = checkName('schedule', config?.name);
   const task = config.task;
-  if (!task || typeof task.name !== 'string' || typeof task.input?.safeParse !== 'function') {
+  if (!task || typeof task.name !== 'string' || !isInputSchema(task.input)) {
     invalid(name, 'needs a task made by defineTask() as `task`');
   }
   if (typeof config.cron !== 'string' || config.cron.trim() === '') invalid(name, 'needs a cron expression as `cron`, e.g. "*/15 * * * *"');
@@ -124,8 +125,9 @@ export function defineSchedule<T extends AnyTask>(config: ScheduleConfig<T>): Sc
   }
   if (config.input === undefined) invalid(name, 'needs the task input as `input` (a value, or a function of the slot time)');
   if (typeof config.input !== 'function') {
-    const parsed = task.input.safeParse(config.input);
-    if (!parsed.success) invalid(name, `input does not match the schema of task "${task.name}": ${formatIssues(parsed.error.issues)}`);
+    const result = validateNow(task.input, config.input);
+    if (result === ASYNC_SCHEMA) invalid(name, `task "${task.name}" cannot be scheduled: ${ASYNC_SCHEMA_FIX}`);
+    if (result.issues) invalid(name, `input does not match the schema of task "${task.name}": ${formatIssues(result.issues)}`);
   }
   const { runAt, delayMs, key } = (config.enqueue ?? {}) as EnqueueOptions;
   if (runAt !== undefined || delayMs !== undefined || key !== undefined) {

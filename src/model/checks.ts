@@ -1,11 +1,12 @@
 /**
  * The checks every door of outlive shares, one of each: names, whole
- * numbers, secrets' lengths, and how zod's issues read in an error. A rule
+ * numbers, secrets' lengths, and how a schema's issues read in an error. A rule
  * lives here once, so enqueue, a batch, a schedule, a pass and the CLI
  * cannot drift apart (they once did: a batch's key check missed the NUL
  * character enqueue refused).
  */
 import { ConfigError } from './errors.js';
+import type { InputIssue } from './input-schema.js';
 
 /** What task, queue and schedule names may be: 1-200 of letters, digits and _ . : / -, not starting with a symbol. */
 export const NAME_PATTERN = /^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,199}$/;
@@ -61,7 +62,16 @@ export const MIN_SECRET_LENGTHS = {
   dashboard: 16,
 } as const;
 
-/** How zod's issues read in an error: `path: message; path: message`, `(input)` for the whole value. */
-export function formatIssues(issues: readonly { path: readonly PropertyKey[]; message: string }[]): string {
-  return issues.map((i) => `${i.path.length ? i.path.map(String).join('.') : '(input)'}: ${i.message}`).join('; ');
+/**
+ * How a schema's issues read in an error: `path: message; path: message`,
+ * `(input)` for the whole value. A Standard Schema path holds keys or
+ * `{ key }` segments (valibot gives the latter); zod's keys read as they
+ * always did.
+ */
+export function formatIssues(issues: readonly InputIssue[]): string {
+  return issues.map((i) => `${i.path?.length ? i.path.map(pathKey).join('.') : '(input)'}: ${i.message}`).join('; ');
+}
+
+function pathKey(segment: PropertyKey | { readonly key: PropertyKey }): string {
+  return String(typeof segment === 'object' && segment !== null ? segment.key : segment);
 }

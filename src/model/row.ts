@@ -9,6 +9,7 @@ import { InvalidEnqueueError } from './errors.js';
 import { storableText, unstorableJson, utf8Bytes } from './json.js';
 import { checkMaxAttempts, MAX_TIMEOUT_MS, type AnyTask } from './task.js';
 import { checkName, formatIssues, isWhole } from './checks.js';
+import { ASYNC_SCHEMA, ASYNC_SCHEMA_FIX, isInputSchema, validateNow } from './input-schema.js';
 
 /** Largest serialised input a task row accepts: 1 MiB. */
 export const MAX_INPUT_BYTES = 1_048_576;
@@ -55,7 +56,7 @@ export function fail(task: AnyTask, message: string): never {
 
 /** Checks options and fills defaults from the task. Throws before anything is written. */
 export function prepareOptions(task: AnyTask, options: EnqueueOptions | EnqueueManyOptions<unknown> = {}): Prepared {
-  if (!task || typeof task.name !== 'string' || typeof task.input?.safeParse !== 'function') {
+  if (!task || typeof task.name !== 'string' || !isInputSchema(task.input)) {
     throw new InvalidEnqueueError('outlive: enqueue needs a task made by defineTask()');
   }
   const { runAt, delayMs = 0 } = options;
@@ -83,12 +84,15 @@ export function prepareOptions(task: AnyTask, options: EnqueueOptions | EnqueueM
   return { name: task.name, queue, priority, maxAttempts, timeoutMs, runAt: runAt ?? null, delayMs };
 }
 
-/** Validates one input against the task's schema and serialises it. Throws before anything is written. */
+/**
+ * Validates one input against the task's schema and serialises it: the JSON
+ * of the input as given, not the schema's output, which the pass makes again
+ * from it. Throws before anything is written, for an asynchronous schema too.
+ */
 export function serialiseInput(task: AnyTask, input: unknown): string {
-  const parsed = task.input.safeParse(input);
-  if (!parsed.success) {
-    fail(task, `input does not match its schema: ${formatIssues(parsed.error.issues)}`);
-  }
+  const result = validateNow(task.input, input);
+  if (result === ASYNC_SCHEMA) fail(task, ASYNC_SCHEMA_FIX);
+  if (result.issues) fail(task, `input does not match its schema: ${formatIssues(result.issues)}`);
   let json: string | undefined;
   try {
     json = JSON.stringify(input);

@@ -1,10 +1,12 @@
 /**
- * Defining a task: a name, a zod schema for its input, a handler, and how it
- * retries. Types flow from the schema to the handler and to `enqueue`.
+ * Defining a task: a name, a schema for its input (any Standard Schema: zod,
+ * valibot, ArkType), a handler, and how it retries. Types flow from the
+ * schema to the handler and to `enqueue`.
  */
-import type { z } from 'zod';
+import type { StandardSchemaV1 } from '@standard-schema/spec';
 import { ConfigError } from './errors.js';
 import { checkName, checkWhole, isWhole } from './checks.js';
+import { notASchema, SCHEMA_FIX, type InputSchema } from './input-schema.js';
 import type { BackoffOptions } from './backoff.js';
 import type { Step } from './step.js';
 
@@ -61,12 +63,21 @@ export interface RetryPolicy {
 }
 
 /** Everything `defineTask` takes. */
-export interface TaskConfig<S extends z.ZodType, O> {
+export interface TaskConfig<S extends InputSchema, O> {
   /** Unique among the tasks a pass runs; stored in every row. */
   name: string;
-  /** Validates input at enqueue (nothing is written if it fails) and again before the handler runs. */
+  /**
+   * The input's schema: any Standard Schema v1 (a zod 4, valibot or ArkType
+   * schema). It validates the input at enqueue (nothing is written if it
+   * fails; the row stores the JSON of the input as given) and again before
+   * the handler runs, which receives the schema's parsed output (its
+   * transforms and defaults applied). `enqueue` takes the schema's input
+   * type. Enqueue validates synchronously: a schema with asynchronous parts
+   * is refused there, so keep asynchronous checks in the handler.
+   */
   input: S;
-  run: TaskHandler<z.output<S>, O>;
+  /** The handler: receives the schema's output type, returns what to store. */
+  run: TaskHandler<StandardSchemaV1.InferOutput<S>, O>;
   retry?: RetryPolicy;
   /** How long one attempt may run before its signal aborts it. Default 15 s. */
   timeoutMs?: number;
@@ -87,10 +98,10 @@ export interface TaskConfig<S extends z.ZodType, O> {
 }
 
 /** A defined task. Pass it to `enqueue` and to the passes that run it. */
-export interface Task<S extends z.ZodType = z.ZodType, O = unknown> {
+export interface Task<S extends InputSchema = InputSchema, O = unknown> {
   readonly name: string;
   readonly input: S;
-  readonly run: TaskHandler<z.output<S>, O>;
+  readonly run: TaskHandler<StandardSchemaV1.InferOutput<S>, O>;
   readonly maxAttempts: number;
   readonly backoff: BackoffOptions | ((attempt: number) => number);
   readonly timeoutMs: number;
@@ -99,10 +110,11 @@ export interface Task<S extends z.ZodType = z.ZodType, O = unknown> {
   readonly keepSucceeded: boolean;
 }
 
-/** The input type `enqueue` takes for a task. */
-export type TaskInput<T> = T extends Task<infer S, unknown> ? z.input<S> : never;
+/** The input type `enqueue` takes for a task: its schema's input type. */
+export type TaskInput<T> = T extends Task<infer S, unknown> ? StandardSchemaV1.InferInput<S> : never;
 /** The output type a task's handler returns. */
-export type TaskOutput<T> = T extends Task<z.ZodType, infer O> ? Awaited<O> : never;
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type TaskOutput<T> = T extends Task<any, infer O> ? Awaited<O> : never;
 
 /** Any task, whatever its types. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -119,7 +131,9 @@ export function checkMaxAttempts(value: unknown, where: string, ErrorType: new (
 }
 
 /**
- * Defines a task.
+ * Defines a task. Its `input` is any Standard Schema; zod is the default the
+ * examples use, and a valibot or ArkType schema works the same way:
+ * `input: v.object({ userId: v.string() })`.
  *
  * ```ts
  * const sendWelcome = defineTask({
@@ -133,11 +147,10 @@ export function checkMaxAttempts(value: unknown, where: string, ErrorType: new (
  * });
  * ```
  */
-export function defineTask<S extends z.ZodType, O>(config: TaskConfig<S, O>): Task<S, O> {
+export function defineTask<S extends InputSchema, O>(config: TaskConfig<S, O>): Task<S, O> {
   const name = checkName('task', config.name);
-  if (!config.input || typeof (config.input as z.ZodType).safeParse !== 'function') {
-    throw new ConfigError(`outlive: task "${name}" needs an input schema: pass a zod schema as \`input\` (z.object({...}))`);
-  }
+  const why = notASchema(config.input);
+  if (why) throw new ConfigError(`outlive: task "${name}" needs an input schema (${why}): ${SCHEMA_FIX}`);
   if (typeof config.run !== 'function') {
     throw new ConfigError(`outlive: task "${name}" needs a handler: pass \`run: async (input, ctx) => output\``);
   }

@@ -14,6 +14,7 @@
  * 3 the database cannot be reached.
  */
 import { formatIssues } from '../model/checks.js';
+import { isInputSchema, validate } from '../model/input-schema.js';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
@@ -64,7 +65,7 @@ function isTask(value: unknown): value is AnyTask {
   const v = value as AnyTask;
   return (
     typeof v === 'object' && v !== null && typeof v.name === 'string' && typeof v.run === 'function' &&
-    typeof v.input?.safeParse === 'function' && typeof v.timeoutMs === 'number'
+    isInputSchema(v.input) && typeof v.timeoutMs === 'number'
   );
 }
 
@@ -589,9 +590,11 @@ function registerEnqueue(program: Command, io: CliIo): void {
       if (!task) {
         throw new CliError(`unknown task "${name}": ${opts.tasks} defines ${loaded.tasks.map((t) => `"${t.name}"`).join(', ') || 'no tasks'}`, EXIT.usage);
       }
-      const parsed = task.input.safeParse(input);
-      if (!parsed.success) {
-        const issues = formatIssues(parsed.error.issues);
+      // Awaited, so an asynchronous schema's issues read here too; enqueue
+      // itself then refuses that schema with the fix.
+      const checked = await validate(task.input, input);
+      if (checked.issues) {
+        const issues = formatIssues(checked.issues);
         throw new CliError(`invalid input for "${name}": ${issues}`, EXIT.usage);
       }
       await withDb({ ...opts, databaseUrl: url.toString() }, async (pool) => {

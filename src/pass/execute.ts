@@ -12,6 +12,7 @@ import type { Executor } from '../db/executor.js';
 import { checkGraph } from '../model/graph.js';
 import { MAX_STEPS_PER_WRITE, prepareStep, type PreparedStep, type Step } from '../model/step.js';
 import type { AnyTask, TaskContext } from '../model/task.js';
+import { isThenable, validate, type Validation } from '../model/input-schema.js';
 
 /** Largest serialised output a task may store: 1 MiB. */
 export const MAX_OUTPUT_BYTES = 1_048_576;
@@ -131,9 +132,19 @@ export async function execute(
       `unknown task "${claimed.name}": no task with this name was given to the pass that claimed it`,
     ));
   }
-  const parsed = parseSync(task, claimed.input) ?? (await task.input.safeParseAsync(claimed.input));
-  if (!parsed.success) {
-    return failure(task, claimed, new NonRetriableError(`stored input does not match the schema of "${task.name}": ${formatIssues(parsed.error.issues)}`));
+  let parsed: Validation;
+  try {
+    // A synchronous schema (the common case) costs no promise here; an
+    // asynchronous one, which enqueue refuses, is awaited all the same.
+    const result = validate(task.input, claimed.input);
+    parsed = isThenable(result) ? await result : result;
+  } catch (thrown) {
+    // A schema that throws (an async check that could not reach its
+    // service) failed this attempt, not the input: it retries.
+    return failure(task, claimed, thrown);
+  }
+  if (parsed.issues) {
+    return failure(task, claimed, new NonRetriableError(`stored input does not match the schema of "${task.name}": ${formatIssues(parsed.issues)}`));
   }
 
   const abort = extra.attempt ?? new AttemptAbort();
@@ -142,7 +153,7 @@ export async function execute(
   let timer: ReturnType<typeof setTimeout> | undefined;
   try {
     if (abort.aborted) throw abort.reason;
-    let value = task.run(parsed.data, ctx);
+    let value = task.run(parsed.value, ctx);
     if (isThenable(value)) {
       // A handler that ignores its signal is abandoned here at its timeout:
       // the race settles the task, and whatever it returns later is dropped.
@@ -163,23 +174,6 @@ export async function execute(
     return failure(task, claimed, thrown);
   } finally {
     if (timer !== undefined) clearTimeout(timer);
-  }
-}
-
-function isThenable(value: unknown): value is PromiseLike<unknown> {
-  return value !== null && (typeof value === 'object' || typeof value === 'function') && typeof (value as { then?: unknown }).then === 'function';
-}
-
-/**
- * Parses a stored input without a promise when the schema allows it; null
- * when the schema has asynchronous parts (zod then refuses to parse
- * synchronously), for the caller to parse asynchronously.
- */
-function parseSync(task: AnyTask, input: unknown): ReturnType<AnyTask['input']['safeParse']> | null {
-  try {
-    return task.input.safeParse(input);
-  } catch {
-    return null;
   }
 }
 

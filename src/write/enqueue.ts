@@ -81,7 +81,7 @@ async function insertRows(tx: Transactional, p: Prepared, inputs: string[], keys
  *
  * `tx` is a drizzle transaction (node-postgres or Neon drivers) or a pg/Neon
  * client inside BEGIN. The input is checked against the task's schema first:
- * an invalid input throws {@link InvalidEnqueueError} with the zod issues and
+ * an invalid input throws {@link InvalidEnqueueError} with the schema's issues and
  * writes nothing.
  */
 export async function enqueue<T extends AnyTask>(
