@@ -1,6 +1,7 @@
 /**
  * The dashboard as a Vercel route: the handler `api/dashboard.ts` re-exports,
- * over the Neon driver (through the WebSocket proxy) and a real database.
+ * over Neon's driver (through the WebSocket proxy) and a real database; the
+ * Worker's dashboard test runs it over node-postgres.
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import { enqueue, tick } from '../src/index.js';
@@ -53,5 +54,19 @@ describe('the Vercel dashboard route', () => {
     const body = await (await route(at('/', { headers: { authorization: `Bearer ${TOKEN}` } }))).text();
     expect(body).toMatch(/<tr data-name="from-a-newer-deploy"><td>from-a-newer-deploy<\/td><td>3<\/td><td>no pass that ran knows task &quot;from-a-newer-deploy&quot;/);
     await db.pool.query(`DELETE FROM outlive.tasks WHERE name = 'from-a-newer-deploy'`);
+  });
+
+  it('logs a database error as one JSON line whose error is the message, not JSON inside JSON', async () => {
+    const said: string[] = [];
+    const broken = Object.assign(new URL(databaseUrl), { pathname: '/no_such_database' }).toString();
+    const failing = createDashboardRoute(() => tasks, { env: { ...env, DATABASE_URL: broken }, write: (l) => said.push(l) });
+    const res = await failing(at('/', { headers: { authorization: `Bearer ${TOKEN}` } }));
+    expect(res.status).toBe(500);
+    expect(await res.text()).toContain('The database did not answer');
+    const logged = said.map((l) => JSON.parse(l) as { outlive: string; error: string }).filter((l) => l.outlive === 'dashboard-error');
+    expect(logged).toHaveLength(1);
+    expect(logged[0]!.error).toMatch(/no_such_database/);
+    expect(logged[0]!.error.trimStart().startsWith('{')).toBe(false);
+    expect(said.join('\n')).not.toContain(password);
   });
 });

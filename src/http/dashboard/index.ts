@@ -27,8 +27,12 @@ export interface DashboardOptions {
   basePath?: string;
   /** Seconds between the pages' automatic refreshes; 0 turns it off. Default 5. */
   refreshSeconds?: number;
-  /** Where to report an error the page hides (default `console.error`); never given a secret. */
-  log?: (line: string) => void;
+  /**
+   * Where to report an error the page hides: its message, plain text (the
+   * platforms write it into their own JSON log line). Default: a JSON line
+   * on `console.error`. Never given a secret.
+   */
+  log?: (message: string) => void;
 }
 
 /** Shortest token the dashboard accepts: a guessable token is no protection. */
@@ -92,7 +96,7 @@ export async function handleDashboard(request: Request, db: Database, options: D
     });
   }
 
-  const log = options.log ?? ((line: string) => console.error(line));
+  const log = options.log ?? ((message: string) => console.error(JSON.stringify({ outlive: 'dashboard-error', error: message })));
   try {
     if (request.method === 'POST') return await act(request, db, path, basePath, token, credential);
     if (request.method !== 'GET' && request.method !== 'HEAD') return page(405, messagePage('Method not allowed', 'Use GET or POST.'), { allow: 'GET, HEAD, POST' });
@@ -125,7 +129,7 @@ export async function handleDashboard(request: Request, db: Database, options: D
     return page(404, messagePage('Not found', 'There is nothing here.'));
   } catch (err) {
     // The message may name the database's host; log it, show only that it failed.
-    log(JSON.stringify({ outlive: 'dashboard-error', error: toError(err).message.split('\n')[0] }));
+    log(toError(err).message.split('\n')[0]!);
     return page(500, messagePage('The database did not answer', 'The dashboard could not read the rows; see the function\'s log.'));
   }
 }

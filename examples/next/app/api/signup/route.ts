@@ -12,8 +12,8 @@ export async function POST(request: Request): Promise<Response> {
   let taskId: string;
   try {
     await client.query('BEGIN');
-    const user = await client.query<{ id: number }>('INSERT INTO users (email) VALUES ($1) RETURNING id', [email]);
-    const task = await enqueue(client, sendWelcome, { userId: user.rows[0]!.id, email });
+    await client.query('INSERT INTO users (email) VALUES ($1)', [email]);
+    const task = await enqueue(client, sendWelcome, { email });
     await client.query('COMMIT');
     taskId = task.id;
   } catch (err) {
