@@ -190,7 +190,12 @@ export function openInvocation(env: FunctionsEnv, options: InvocationOptions): I
   });
   // An idle client that errors (the socket closed under it) must not crash
   // the isolate. Its message only: the client itself holds the cancel key.
-  pool.on('error', (err: unknown) => log('pool-error', { driver: database.driver, error: toError(err).message }));
+  // Once the pool is ending, its clients' errors are the ending itself
+  // (node-postgres on workerd: "Stream was cancelled." per client), not news.
+  let ending = false;
+  pool.on('error', (err: unknown) => {
+    if (!ending) log('pool-error', { driver: database.driver, error: toError(err).message });
+  });
   const built = options.tasks({ env, pool });
   const deployment: Deployment = Array.isArray(built) || built instanceof Map ? { tasks: built as TaskList } : (built as Deployment);
   const tasks = deployment.tasks;
@@ -222,6 +227,7 @@ export function openInvocation(env: FunctionsEnv, options: InvocationOptions): I
       closing ??= (async () => {
         // Background passes hold the pool until they are done.
         while (pending.length > 0) await Promise.all(pending.splice(0));
+        ending = true;
         try {
           await pool.end();
         } catch (err) {

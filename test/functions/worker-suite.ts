@@ -93,6 +93,9 @@ export async function workerSuite(via: WorkerVia): Promise<void> {
       expect(await effectsOf([t.id])).toEqual({ [t.id]: ['1'] });
       // The pass went through the driver this suite is about.
       expect(main.output()).toMatch(via === 'hyperdrive' ? /"outlive":"pass".*"driver":"pg"/ : /"outlive":"pass".*"driver":"neon"/);
+      // Closing the invocation's pool is no error: nothing to log when all went well.
+      await waitFor(async () => database.open === 0, 20_000, 'the pool to close');
+      expect(main.output()).not.toMatch(/"outlive":"(pool-error|pool-end-error|background-error)"/);
     });
 
     it('answers a nudge at once (202) and runs the pass in waitUntil, then closes its pool', async () => {
