@@ -149,7 +149,7 @@ describe('claim', () => {
       [CLAIM_FUNCTION],
     );
     expect(fn!.src).toContain(CLAIM_SQL.trimEnd());
-    expect(fn!.config).toEqual(['plan_cache_mode=force_generic_plan', 'enable_seqscan=off', 'enable_bitmapscan=off']);
+    expect(fn!.config).toEqual(['plan_cache_mode=force_generic_plan', 'enable_seqscan=off', 'enable_bitmapscan=off', 'search_path=pg_catalog, pg_temp']);
   });
 
   // The plan outlive.claim makes, generic and with sequential scans priced

@@ -12,21 +12,21 @@ import type { RunState } from '../model/states.js';
 const CANCEL_TASKS_SQL = `
 WITH locked AS (
   SELECT id, state FROM outlive.tasks
-  WHERE run_id = $1 AND state IN ('pending', 'running')
+  WHERE run_id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])
   ORDER BY id FOR UPDATE
 )
 UPDATE outlive.tasks t
 SET state = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
     last_error = coalesce($3, t.last_error),
-    finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
-FROM locked WHERE t.id = locked.id
+    finished_at = coalesce($2::timestamptz, pg_catalog.now()), updated_at = coalesce($2::timestamptz, pg_catalog.now())
+FROM locked WHERE t.id OPERATOR(pg_catalog.=) locked.id
 RETURNING locked.state::text AS was`;
 
 const CANCEL_RUN_SQL = `
 UPDATE outlive.runs
 SET state = 'cancelled', unfinished = 0, error = coalesce(error, $3),
-    finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
-WHERE id = $1 AND state = 'running'
+    finished_at = coalesce($2::timestamptz, pg_catalog.now()), updated_at = coalesce($2::timestamptz, pg_catalog.now())
+WHERE id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) 'running'
 RETURNING id`;
 
 /** What a cancel did. */
@@ -47,7 +47,7 @@ export async function cancelRun(db: Database, runId: string, options: { now?: Da
   const now = options.now ?? null;
   const reason = options.reason ?? 'cancelled';
   return inTransactionRetryingDeadlocks(toPool(db), async (tx): Promise<CancelReport> => {
-    const [run] = await tx.query<{ state: RunState }>(`SELECT state::text FROM outlive.runs WHERE id = $1`, [runId]);
+    const [run] = await tx.query<{ state: RunState }>(`SELECT state::text FROM outlive.runs WHERE id OPERATOR(pg_catalog.=) $1`, [runId]);
     if (!run) return { cancelled: false, state: null, pendingCancelled: 0, runningCancelled: 0 };
     if (run.state !== 'running') return { cancelled: false, state: run.state, pendingCancelled: 0, runningCancelled: 0 };
     const first = await tx.query<{ was: string }>(CANCEL_TASKS_SQL, [runId, now, reason]);
@@ -68,7 +68,7 @@ export async function cancelRun(db: Database, runId: string, options: { now?: Da
     };
   }).catch(async (err: unknown) => {
     if (!(err instanceof RunChangedError)) throw err;
-    const [row] = (await toPool(db).query(`SELECT state::text FROM outlive.runs WHERE id = $1`, [runId])).rows as { state: RunState }[];
+    const [row] = (await toPool(db).query(`SELECT state::text FROM outlive.runs WHERE id OPERATOR(pg_catalog.=) $1`, [runId])).rows as { state: RunState }[];
     return { cancelled: false, state: row?.state ?? null, pendingCancelled: 0, runningCancelled: 0 };
   });
 }

@@ -37,17 +37,18 @@ export interface ExplainedRun {
 }
 
 const RUN_SQL = `
-SELECT id::text, name, state::text, error, failed_task_id::text, created_at, finished_at, coalesce($2::timestamptz, now()) AS now
-FROM outlive.runs WHERE id = $1`;
+SELECT id::text, name, state::text, error, failed_task_id::text, created_at, finished_at, coalesce($2::timestamptz, pg_catalog.now()) AS now
+FROM outlive.runs WHERE id OPERATOR(pg_catalog.=) $1`;
 
 const TASKS_SQL = `
 SELECT t.id::text, t.step, t.name, t.state::text, t.attempts, t.max_attempts, t.run_at, t.timeout_ms,
        ${heldUntil('t')} AS lease_expires_at, t.last_error,
-       CASE WHEN t.state = 'pending' AND t.waiting_on > 0 THEN
-         coalesce((SELECT array_agg(p.step ORDER BY p.id) FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
-                   WHERE d.task_id = t.id AND p.state <> 'succeeded'), '{}')
+       CASE WHEN t.state OPERATOR(pg_catalog.=) 'pending' AND t.waiting_on OPERATOR(pg_catalog.>) 0 THEN
+         coalesce((SELECT pg_catalog.array_agg(p.step ORDER BY p.id)
+                   FROM outlive.task_deps d JOIN outlive.tasks p ON p.id OPERATOR(pg_catalog.=) d.depends_on
+                   WHERE d.task_id OPERATOR(pg_catalog.=) t.id AND p.state OPERATOR(pg_catalog.<>) 'succeeded'), '{}')
        ELSE '{}' END AS waiting_for
-FROM outlive.tasks t WHERE t.run_id = $1 ORDER BY t.id`;
+FROM outlive.tasks t WHERE t.run_id OPERATOR(pg_catalog.=) $1 ORDER BY t.id`;
 
 function list(names: string[]): string {
   const shown = names.slice(0, 5).map((n) => `"${n}"`).join(', ');

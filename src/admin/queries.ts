@@ -40,17 +40,22 @@ export async function status(db: Database): Promise<StatusReport> {
   const q = exec(db);
   const [byQueue, runs, [extra], readyByName, known] = await Promise.all([
     q.query<{ queue: string; state: TaskState; n: number }>(
-      `SELECT queue, state::text, count(*)::int AS n FROM outlive.tasks GROUP BY 1, 2 ORDER BY 1, 2`,
+      `SELECT queue, state::text, pg_catalog.count(*)::int AS n FROM outlive.tasks GROUP BY 1, 2 ORDER BY 1, 2`,
     ),
-    q.query<{ state: RunState; n: number }>(`SELECT state::text, count(*)::int AS n FROM outlive.runs GROUP BY 1`),
+    q.query<{ state: RunState; n: number }>(`SELECT state::text, pg_catalog.count(*)::int AS n FROM outlive.runs GROUP BY 1`),
     q.query<{ oldest_ms: number | null; failed_hour: number; now: Date }>(
-      `SELECT (SELECT (extract(epoch FROM now() - min(run_at)) * 1000)::float8 FROM outlive.tasks
-                 WHERE state = 'pending' AND waiting_on = 0 AND run_at <= now()) AS oldest_ms,
-              (SELECT count(*)::int FROM outlive.tasks WHERE state = 'failed' AND finished_at > now() - interval '1 hour') AS failed_hour,
-              now() AS now`,
+      `SELECT (SELECT (extract(epoch FROM pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(run_at)) OPERATOR(pg_catalog.*) 1000)::float8 FROM outlive.tasks
+                 WHERE state OPERATOR(pg_catalog.=) 'pending' AND waiting_on OPERATOR(pg_catalog.=) 0
+                   AND run_at OPERATOR(pg_catalog.<=) pg_catalog.now()) AS oldest_ms,
+              (SELECT pg_catalog.count(*)::int FROM outlive.tasks
+                 WHERE state OPERATOR(pg_catalog.=) 'failed'
+                   AND finished_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '1 hour')) AS failed_hour,
+              pg_catalog.now() AS now`,
     ),
     q.query<{ name: string; timeout_ms: number; n: number }>(
-      `SELECT name, timeout_ms, count(*)::int AS n FROM outlive.tasks WHERE state = 'pending' AND waiting_on = 0 AND run_at <= now() GROUP BY 1, 2 ORDER BY 1, 2`,
+      `SELECT name, timeout_ms, pg_catalog.count(*)::int AS n FROM outlive.tasks
+       WHERE state OPERATOR(pg_catalog.=) 'pending' AND waiting_on OPERATOR(pg_catalog.=) 0 AND run_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+       GROUP BY 1, 2 ORDER BY 1, 2`,
     ),
     readKnownTasks(q),
   ]);
@@ -136,8 +141,8 @@ function toSummary(r: Record<string, unknown>): TaskSummary {
 export async function listTasks(db: Database, filter: TaskFilter = {}): Promise<TaskSummary[]> {
   const rows = await exec(db).query(
     `SELECT ${TASK_COLUMNS} FROM outlive.tasks
-     WHERE ($1::text IS NULL OR state::text = $1) AND ($2::text IS NULL OR name = $2)
-       AND ($3::text IS NULL OR queue = $3) AND ($4::bigint IS NULL OR run_id = $4)
+     WHERE ($1::text IS NULL OR state::text OPERATOR(pg_catalog.=) $1) AND ($2::text IS NULL OR name OPERATOR(pg_catalog.=) $2)
+       AND ($3::text IS NULL OR queue OPERATOR(pg_catalog.=) $3) AND ($4::bigint IS NULL OR run_id OPERATOR(pg_catalog.=) $4)
      ORDER BY ${filter.byFinished ? 'outlive.tasks.finished_at DESC NULLS LAST, outlive.tasks.id DESC' : 'outlive.tasks.id DESC'} LIMIT $5`,
     [filter.state ?? null, filter.name ?? null, filter.queue ?? null, filter.runId ?? null, filter.limit ?? 50],
   );
@@ -172,13 +177,13 @@ export async function getTask(db: Database, id: string): Promise<TaskDetail | nu
   const [row] = await q.query(
     `SELECT ${TASK_COLUMNS}, priority, input, output, timeout_ms, key, lease_owner, ${heldUntil('t')} AS lease_expires_at,
             started_at, updated_at, errors
-     FROM outlive.tasks t WHERE id = $1`,
+     FROM outlive.tasks t WHERE id OPERATOR(pg_catalog.=) $1`,
     [id],
   );
   if (!row) return null;
   const deps = await q.query<{ id: string; step: string | null; state: TaskState }>(
-    `SELECT p.id::text, p.step, p.state::text FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
-     WHERE d.task_id = $1 ORDER BY p.id`,
+    `SELECT p.id::text, p.step, p.state::text FROM outlive.task_deps d JOIN outlive.tasks p ON p.id OPERATOR(pg_catalog.=) d.depends_on
+     WHERE d.task_id OPERATOR(pg_catalog.=) $1 ORDER BY p.id`,
     [id],
   );
   return {
@@ -220,13 +225,13 @@ export async function listRuns(db: Database, filter: { state?: RunState; limit?:
   }>(
     `SELECT r.id::text, r.name, r.state::text, r.error, r.created_at, r.finished_at,
             coalesce(c.total, 0) AS total, coalesce(c.done, 0) AS done, coalesce(c.succeeded, 0) AS succeeded, coalesce(c.failed, 0) AS failed
-     FROM (SELECT * FROM outlive.runs WHERE ($1::text IS NULL OR state::text = $1) ORDER BY id DESC LIMIT $2) r
+     FROM (SELECT * FROM outlive.runs WHERE ($1::text IS NULL OR state::text OPERATOR(pg_catalog.=) $1) ORDER BY id DESC LIMIT $2) r
      LEFT JOIN LATERAL (
-       SELECT count(*)::int AS total,
-              count(*) FILTER (WHERE state NOT IN ('pending', 'running'))::int AS done,
-              count(*) FILTER (WHERE state = 'succeeded')::int AS succeeded,
-              count(*) FILTER (WHERE state = 'failed')::int AS failed
-       FROM outlive.tasks t WHERE t.run_id = r.id) c ON true
+       SELECT pg_catalog.count(*)::int AS total,
+              pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.<>) ALL (ARRAY['pending', 'running']::outlive.task_state[]))::int AS done,
+              pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'succeeded')::int AS succeeded,
+              pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'failed')::int AS failed
+       FROM outlive.tasks t WHERE t.run_id OPERATOR(pg_catalog.=) r.id) c ON true
      ORDER BY r.id DESC`,
     [filter.state ?? null, filter.limit ?? 50],
   );
@@ -240,7 +245,7 @@ export async function listRuns(db: Database, filter: { state?: RunState; limit?:
 export async function runEdges(db: Database, runId: string): Promise<{ task: string; dependsOn: string }[]> {
   return exec(db).query<{ task: string; dependsOn: string }>(
     `SELECT d.task_id::text AS task, d.depends_on::text AS "dependsOn"
-     FROM outlive.task_deps d JOIN outlive.tasks t ON t.id = d.task_id WHERE d.run_id = $1`,
+     FROM outlive.task_deps d JOIN outlive.tasks t ON t.id OPERATOR(pg_catalog.=) d.task_id WHERE d.run_id OPERATOR(pg_catalog.=) $1`,
     [runId],
   );
 }
@@ -249,12 +254,16 @@ export async function runEdges(db: Database, runId: string): Promise<{ task: str
 export async function finishedPerMinute(db: Database, minutes = 60): Promise<{ minute: Date; succeeded: number; failed: number }[]> {
   return exec(db).query<{ minute: Date; succeeded: number; failed: number }>(
     `SELECT m.minute, coalesce(c.succeeded, 0) AS succeeded, coalesce(c.failed, 0) AS failed
-     FROM generate_series(date_trunc('minute', now()) - ($1::int - 1) * interval '1 minute', date_trunc('minute', now()), interval '1 minute') AS m(minute)
+     FROM pg_catalog.generate_series(
+            pg_catalog.date_trunc('minute', pg_catalog.now()) OPERATOR(pg_catalog.-) (($1::int OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) interval '1 minute'),
+            pg_catalog.date_trunc('minute', pg_catalog.now()), interval '1 minute') AS m(minute)
      LEFT JOIN (
-       SELECT date_trunc('minute', finished_at) AS minute,
-              count(*) FILTER (WHERE state = 'succeeded')::int AS succeeded,
-              count(*) FILTER (WHERE state = 'failed')::int AS failed
-       FROM outlive.tasks WHERE finished_at > now() - $1::int * interval '1 minute' GROUP BY 1) c ON c.minute = m.minute
+       SELECT pg_catalog.date_trunc('minute', finished_at) AS minute,
+              pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'succeeded')::int AS succeeded,
+              pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'failed')::int AS failed
+       FROM outlive.tasks
+       WHERE finished_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) ($1::int OPERATOR(pg_catalog.*) interval '1 minute'))
+       GROUP BY 1) c ON c.minute OPERATOR(pg_catalog.=) m.minute
      ORDER BY m.minute`,
     [minutes],
   );

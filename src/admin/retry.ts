@@ -21,34 +21,36 @@ export interface RetryReport {
 
 const RETRY_TASK_SQL = `
 UPDATE outlive.tasks
-SET state = 'pending', attempts = 0, run_at = coalesce($2::timestamptz, now()), finished_at = NULL,
-    lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($2::timestamptz, now())
-WHERE id = $1 AND run_id IS NULL AND state IN ('failed', 'cancelled')
+SET state = 'pending', attempts = 0, run_at = coalesce($2::timestamptz, pg_catalog.now()), finished_at = NULL,
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($2::timestamptz, pg_catalog.now())
+WHERE id OPERATOR(pg_catalog.=) $1 AND run_id IS NULL AND state OPERATOR(pg_catalog.=) ANY (ARRAY['failed', 'cancelled']::outlive.task_state[])
 RETURNING id`;
 
 // Tasks first, then the run: the lock order of settles.
 const REVIVE_RUN_TASKS_SQL = `
 WITH locked AS (
-  SELECT id FROM outlive.tasks WHERE run_id = $1 AND state IN ('failed', 'skipped', 'cancelled') ORDER BY id FOR UPDATE
+  SELECT id FROM outlive.tasks
+  WHERE run_id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) ANY (ARRAY['failed', 'skipped', 'cancelled']::outlive.task_state[])
+  ORDER BY id FOR UPDATE
 )
 UPDATE outlive.tasks t
-SET state = 'pending', attempts = 0, run_at = coalesce($2::timestamptz, now()), finished_at = NULL,
-    lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($2::timestamptz, now())
-FROM locked WHERE t.id = locked.id
+SET state = 'pending', attempts = 0, run_at = coalesce($2::timestamptz, pg_catalog.now()), finished_at = NULL,
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($2::timestamptz, pg_catalog.now())
+FROM locked WHERE t.id OPERATOR(pg_catalog.=) locked.id
 RETURNING t.id`;
 
 // Every revived task waits again for its dependencies that have not succeeded.
 const RECOUNT_SQL = `
 UPDATE outlive.tasks t
-SET waiting_on = (SELECT count(*) FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
-                  WHERE d.task_id = t.id AND p.state <> 'succeeded')
-WHERE t.id = ANY($1::bigint[])`;
+SET waiting_on = (SELECT pg_catalog.count(*) FROM outlive.task_deps d JOIN outlive.tasks p ON p.id OPERATOR(pg_catalog.=) d.depends_on
+                  WHERE d.task_id OPERATOR(pg_catalog.=) t.id AND p.state OPERATOR(pg_catalog.<>) 'succeeded')
+WHERE t.id OPERATOR(pg_catalog.=) ANY ($1::bigint[])`;
 
 const REOPEN_RUN_SQL = `
 UPDATE outlive.runs
 SET state = 'running', unfinished = $2, failed_task_id = NULL, error = NULL, finished_at = NULL,
-    updated_at = coalesce($3::timestamptz, now())
-WHERE id = $1 AND state IN ('failed', 'cancelled')
+    updated_at = coalesce($3::timestamptz, pg_catalog.now())
+WHERE id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) ANY (ARRAY['failed', 'cancelled']::outlive.run_state[])
 RETURNING id`;
 
 class NothingToRetry extends Error {
@@ -58,7 +60,7 @@ class NothingToRetry extends Error {
 }
 
 async function reviveRun(tx: Executor, runId: string, now: Date | null): Promise<RetryReport> {
-  const [run] = await tx.query<{ state: RunState }>(`SELECT state::text FROM outlive.runs WHERE id = $1`, [runId]);
+  const [run] = await tx.query<{ state: RunState }>(`SELECT state::text FROM outlive.runs WHERE id OPERATOR(pg_catalog.=) $1`, [runId]);
   if (!run) return { retried: false, state: null, tasks: 0, reason: `no run ${runId}` };
   if (run.state === 'succeeded') return { retried: false, state: run.state, tasks: 0, reason: 'the run succeeded' };
   if (run.state === 'running') {
@@ -97,7 +99,7 @@ export async function retryTask(db: Database, taskId: string, options: { now?: D
   try {
     return await inTransactionRetryingDeadlocks(toPool(db), async (tx) => {
       const [task] = await tx.query<{ state: TaskState; run_id: string | null }>(
-        `SELECT state::text, run_id::text FROM outlive.tasks WHERE id = $1`,
+        `SELECT state::text, run_id::text FROM outlive.tasks WHERE id OPERATOR(pg_catalog.=) $1`,
         [taskId],
       );
       if (!task) return { retried: false, state: null, tasks: 0, reason: `no task ${taskId}` };

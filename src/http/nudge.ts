@@ -319,7 +319,7 @@ export async function verifySignature(
 // clock, the one the staleness check used, never mixed with the database's.
 export const USE_NONCE_SQL = `
 WITH pruned AS (
-  DELETE FROM outlive.used_nonces WHERE expires_at < $3::timestamptz
+  DELETE FROM outlive.used_nonces WHERE expires_at OPERATOR(pg_catalog.<) $3::timestamptz
 )
 INSERT INTO outlive.used_nonces (nonce, expires_at)
 VALUES ($1, $2::timestamptz)

@@ -63,42 +63,43 @@ const SUCCEEDED_TASK_STATES = ['succeeded', 'cancelled', 'skipped'] as const;
 const DELETE_TASKS = `
 WITH doomed AS (
   SELECT id FROM outlive.tasks
-  WHERE state = $1::outlive.task_state AND finished_at < $2::timestamptz AND run_id IS NULL
+  WHERE state OPERATOR(pg_catalog.=) $1::outlive.task_state AND finished_at OPERATOR(pg_catalog.<) $2::timestamptz AND run_id IS NULL
   ORDER BY finished_at
   LIMIT $3
   FOR UPDATE SKIP LOCKED
 ), gone AS (
   DELETE FROM outlive.tasks t USING doomed
-  WHERE t.id = doomed.id AND t.state = $1::outlive.task_state AND t.run_id IS NULL
+  WHERE t.id OPERATOR(pg_catalog.=) doomed.id AND t.state OPERATOR(pg_catalog.=) $1::outlive.task_state AND t.run_id IS NULL
   RETURNING 1
 )
-SELECT count(*)::int AS n FROM gone`;
+SELECT pg_catalog.count(*)::int AS n FROM gone`;
 
 // A run that finished long ago, none of whose tasks is still pending or
 // running (a cancelled run may have a handler still running until its lease
 // ends). finished_at >= created_at, so the created_at bound lets
 // runs_created_idx narrow the scan to old runs without a new index.
 const OLD_RUN = `
-  r.created_at < greatest($1::timestamptz, $2::timestamptz)
-  AND ((r.state IN ('succeeded', 'cancelled') AND r.finished_at < $1::timestamptz)
-    OR (r.state = 'failed' AND r.finished_at < $2::timestamptz))
+  r.created_at OPERATOR(pg_catalog.<) greatest($1::timestamptz, $2::timestamptz)
+  AND ((r.state OPERATOR(pg_catalog.=) ANY (ARRAY['succeeded', 'cancelled']::outlive.run_state[]) AND r.finished_at OPERATOR(pg_catalog.<) $1::timestamptz)
+    OR (r.state OPERATOR(pg_catalog.=) 'failed' AND r.finished_at OPERATOR(pg_catalog.<) $2::timestamptz))
   AND NOT EXISTS (
-    SELECT 1 FROM outlive.tasks u WHERE u.run_id = r.id AND u.state IN ('pending', 'running'))`;
+    SELECT 1 FROM outlive.tasks u
+    WHERE u.run_id OPERATOR(pg_catalog.=) r.id AND u.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[]))`;
 
 // A run's tasks go first, a batch at a time, so a run of 100,000 tasks is not
 // one cascading DELETE. The run row itself goes once it has no tasks left.
 const DELETE_RUN_TASKS = `
 WITH doomed AS (
-  SELECT t.id FROM outlive.runs r JOIN outlive.tasks t ON t.run_id = r.id
+  SELECT t.id FROM outlive.runs r JOIN outlive.tasks t ON t.run_id OPERATOR(pg_catalog.=) r.id
   WHERE ${OLD_RUN}
   LIMIT $3
   FOR UPDATE OF t SKIP LOCKED
 ), gone AS (
   DELETE FROM outlive.tasks t USING doomed
-  WHERE t.id = doomed.id AND t.state NOT IN ('pending', 'running')
+  WHERE t.id OPERATOR(pg_catalog.=) doomed.id AND t.state OPERATOR(pg_catalog.<>) ALL (ARRAY['pending', 'running']::outlive.task_state[])
   RETURNING 1
 )
-SELECT count(*)::int AS n FROM gone`;
+SELECT pg_catalog.count(*)::int AS n FROM gone`;
 
 // The foreign key's ON DELETE CASCADE would take any task left behind; the
 // NOT EXISTS makes sure there is none, so this never cascades into a big delete.
@@ -106,31 +107,31 @@ const DELETE_RUNS = `
 WITH doomed AS (
   SELECT r.id FROM outlive.runs r
   WHERE ${OLD_RUN}
-    AND NOT EXISTS (SELECT 1 FROM outlive.tasks t WHERE t.run_id = r.id)
+    AND NOT EXISTS (SELECT 1 FROM outlive.tasks t WHERE t.run_id OPERATOR(pg_catalog.=) r.id)
   LIMIT $3
   FOR UPDATE SKIP LOCKED
 ), gone AS (
   DELETE FROM outlive.runs r USING doomed
-  WHERE r.id = doomed.id AND r.state IN ('succeeded', 'cancelled', 'failed')
+  WHERE r.id OPERATOR(pg_catalog.=) doomed.id AND r.state OPERATOR(pg_catalog.=) ANY (ARRAY['succeeded', 'cancelled', 'failed']::outlive.run_state[])
   RETURNING 1
 )
-SELECT count(*)::int AS n FROM gone`;
+SELECT pg_catalog.count(*)::int AS n FROM gone`;
 
 // A fired slot can never be fired again once its schedule's next_slot has
 // passed it (next_slot only moves forward), so old slot rows are history only.
 const DELETE_SLOTS = `
 WITH doomed AS (
   SELECT schedule, slot FROM outlive.schedule_slots
-  WHERE slot < $1::timestamptz
+  WHERE slot OPERATOR(pg_catalog.<) $1::timestamptz
   ORDER BY slot
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ), gone AS (
   DELETE FROM outlive.schedule_slots s USING doomed
-  WHERE s.schedule = doomed.schedule AND s.slot = doomed.slot
+  WHERE s.schedule OPERATOR(pg_catalog.=) doomed.schedule AND s.slot OPERATOR(pg_catalog.=) doomed.slot
   RETURNING 1
 )
-SELECT count(*)::int AS n FROM gone`;
+SELECT pg_catalog.count(*)::int AS n FROM gone`;
 
 function positive(name: string, value: number | undefined, fallback: number, integer = false): number {
   const v = value ?? fallback;
@@ -169,7 +170,7 @@ export async function applyRetention(db: Database, options: RetentionOptions = {
   const started = performance.now();
   const cfg = retentionConfig(options);
   const exec: Executor = toExecutor(toPool(db));
-  const now = options.now ?? new Date((await exec.query<{ now: Date }>('SELECT now() AS now'))[0]!.now);
+  const now = options.now ?? new Date((await exec.query<{ now: Date }>('SELECT pg_catalog.now() AS now'))[0]!.now);
   const ago = (ms: number) => new Date(now.getTime() - ms);
   const succeededBefore = ago(cfg.succeededMs);
   const failedBefore = ago(cfg.failedMs);

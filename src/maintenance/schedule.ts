@@ -248,29 +248,29 @@ ON CONFLICT (name) DO NOTHING`;
 const UPDATE_SCHEDULE = `
 UPDATE outlive.schedules
 SET cron = $2, timezone = $3, task = $4,
-    next_slot = CASE WHEN cron = $2 AND timezone = $3 THEN next_slot ELSE $5 END,
+    next_slot = CASE WHEN cron OPERATOR(pg_catalog.=) $2 AND timezone OPERATOR(pg_catalog.=) $3 THEN next_slot ELSE $5 END,
     updated_at = $6
-WHERE name = $1 AND cron = $7 AND timezone = $8 AND task = $9`;
+WHERE name OPERATOR(pg_catalog.=) $1 AND cron OPERATOR(pg_catalog.=) $7 AND timezone OPERATOR(pg_catalog.=) $8 AND task OPERATOR(pg_catalog.=) $9`;
 
-const DELETE_SCHEDULES = `DELETE FROM outlive.schedules WHERE name = ANY($1::text[])`;
+const DELETE_SCHEDULES = `DELETE FROM outlive.schedules WHERE name OPERATOR(pg_catalog.=) ANY ($1::text[])`;
 
 // Locks the schedule's row for the rest of the firing transaction, so ticks
 // that overlap fire a schedule one after the other, each from the row the
 // previous one left. The slot rows' primary key, not this lock, is what
 // guarantees one task per slot.
 const LOCK_SCHEDULE = `
-SELECT cron, timezone, next_slot FROM outlive.schedules WHERE name = $1 FOR UPDATE`;
+SELECT cron, timezone, next_slot FROM outlive.schedules WHERE name OPERATOR(pg_catalog.=) $1 FOR UPDATE`;
 
 const INSERT_SLOTS = `
 INSERT INTO outlive.schedule_slots (schedule, slot, created_at)
-SELECT $1, s, $3 FROM unnest($2::timestamptz[]) AS s
+SELECT $1, s, $3 FROM pg_catalog.unnest($2::timestamptz[]) AS s
 ON CONFLICT (schedule, slot) DO NOTHING
 RETURNING slot`;
 
 const SET_SLOT_TASKS = `
 UPDATE outlive.schedule_slots s SET task_id = v.task_id
-FROM unnest($2::timestamptz[], $3::bigint[]) AS v(slot, task_id)
-WHERE s.schedule = $1 AND s.slot = v.slot`;
+FROM ROWS FROM (pg_catalog.unnest($2::timestamptz[]), pg_catalog.unnest($3::bigint[])) AS v(slot, task_id)
+WHERE s.schedule OPERATOR(pg_catalog.=) $1 AND s.slot OPERATOR(pg_catalog.=) v.slot`;
 
 // Guarded by the next_slot this transaction locked and read.
 const ADVANCE_SCHEDULE = `
@@ -279,7 +279,7 @@ SET next_slot = $3,
     last_slot = CASE WHEN $4::timestamptz IS NULL THEN last_slot ELSE greatest(last_slot, $4::timestamptz) END,
     last_fired_at = CASE WHEN $4::timestamptz IS NULL THEN last_fired_at ELSE $5 END,
     updated_at = $5
-WHERE name = $1 AND next_slot = $2
+WHERE name OPERATOR(pg_catalog.=) $1 AND next_slot OPERATOR(pg_catalog.=) $2
 RETURNING name`;
 
 function checkList(list: readonly AnySchedule[]): Map<string, AnySchedule> {
@@ -403,7 +403,7 @@ export async function enqueueDue(
   const byName = checkList(schedules);
   const exec = toExecutor(toPool(db));
   // The database's clock by default, the one the task rows' run_at is read by.
-  const now = options.now ?? new Date((await exec.query<{ now: Date }>('SELECT now() AS now'))[0]!.now);
+  const now = options.now ?? new Date((await exec.query<{ now: Date }>('SELECT pg_catalog.now() AS now'))[0]!.now);
   const report: EnqueueDueReport = { now, enqueued: [], skipped: 0, added: [], changed: [], removed: [], nextSlot: null, durationMs: 0 };
   const rows = await sync(exec, byName, now, options.prune ?? true, report);
   const failures: { schedule: string; error: Error }[] = [];

@@ -290,7 +290,7 @@ async function withDb<T>(opts: DbOptions, fn: (pool: pg.Pool) => Promise<T>, nee
   pool.on('error', () => undefined);
   try {
     try {
-      const [row] = (await pool.query<{ ok: boolean }>(`SELECT to_regclass('outlive.tasks') IS NOT NULL AS ok`)).rows;
+      const [row] = (await pool.query<{ ok: boolean }>(`SELECT pg_catalog.to_regclass('outlive.tasks') IS NOT NULL AS ok`)).rows;
       if (needsSchema && !row!.ok) {
         throw new CliError(`the database ${describeUrl(url)} has no outlive schema: run \`outlive migrate\` first`, EXIT.failed);
       }
@@ -358,9 +358,9 @@ function registerMigrate(program: Command, io: CliIo): void {
       progress(`outlive migrate: connecting to ${describeUrl(url)}`);
       await withDb(opts, async (pool) => {
         const count = async () => {
-          const [t] = (await pool.query<{ ok: boolean }>(`SELECT to_regclass('outlive.migrations') IS NOT NULL AS ok`)).rows;
+          const [t] = (await pool.query<{ ok: boolean }>(`SELECT pg_catalog.to_regclass('outlive.migrations') IS NOT NULL AS ok`)).rows;
           if (!t!.ok) return 0;
-          return (await pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.migrations`)).rows[0]!.n;
+          return (await pool.query<{ n: number }>(`SELECT pg_catalog.count(*)::int AS n FROM outlive.migrations`)).rows[0]!.n;
         };
         const before = await count();
         progress(`outlive migrate: ${before} migration${before === 1 ? '' : 's'} applied so far; applying the rest from ${MIGRATIONS_FOLDER}`);

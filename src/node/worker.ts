@@ -226,7 +226,7 @@ export function createWorker(options: WorkerOptions): Worker {
         log,
         wake: () => wake(),
         count: (event) => stats[event]++,
-        notify: (channel, payload) => pool!.query('SELECT pg_notify($1, $2)', [channel, payload]),
+        notify: (channel, payload) => pool!.query('SELECT pg_catalog.pg_notify($1, $2)', [channel, payload]),
       })
     : null;
   let pollTimer: ReturnType<typeof setTimeout> | undefined;
@@ -407,8 +407,8 @@ export function createWorker(options: WorkerOptions): Worker {
       }
       const [found] = (
         await pool.query<{ tasks: string | null; schedules: string | null; claim: string | null }>(
-          `SELECT to_regclass('outlive.tasks')::text AS tasks, to_regclass('outlive.schedules')::text AS schedules,
-                  to_regprocedure($1)::text AS claim`,
+          `SELECT pg_catalog.to_regclass('outlive.tasks')::text AS tasks, pg_catalog.to_regclass('outlive.schedules')::text AS schedules,
+                  pg_catalog.to_regprocedure($1)::text AS claim`,
           [CLAIM_FUNCTION],
         )
       ).rows;

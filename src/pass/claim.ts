@@ -67,29 +67,31 @@ export interface ClaimRequest {
 export const CLAIM_SQL = `
 WITH ready AS (
   SELECT id FROM outlive.tasks
-  WHERE state = 'pending' AND waiting_on = 0
-    AND run_at <= coalesce($1::timestamptz, now())
-    AND timeout_ms <= $2
-    AND ($3::text[] IS NULL OR queue = ANY($3::text[]))
-    AND name = ANY($8::text[])
+  WHERE state OPERATOR(pg_catalog.=) 'pending' AND waiting_on OPERATOR(pg_catalog.=) 0
+    AND run_at OPERATOR(pg_catalog.<=) coalesce($1::timestamptz, pg_catalog.now())
+    AND timeout_ms OPERATOR(pg_catalog.<=) $2
+    AND ($3::text[] IS NULL OR queue OPERATOR(pg_catalog.=) ANY ($3::text[]))
+    AND name OPERATOR(pg_catalog.=) ANY ($8::text[])
   ORDER BY priority DESC NULLS LAST, run_at, id
   LIMIT $4
   FOR UPDATE SKIP LOCKED
 )
 UPDATE outlive.tasks t
 SET state = 'running',
-    attempts = t.attempts + 1,
+    attempts = t.attempts OPERATOR(pg_catalog.+) 1,
     lease_owner = $5,
-    lease_expires_at = coalesce($1::timestamptz, now()) + (least(t.timeout_ms, $7) + $6) * interval '1 millisecond',
-    started_at = coalesce($1::timestamptz, now()),
-    updated_at = coalesce($1::timestamptz, now())
+    lease_expires_at = coalesce($1::timestamptz, pg_catalog.now())
+      OPERATOR(pg_catalog.+) ((least(t.timeout_ms, $7) OPERATOR(pg_catalog.+) $6) OPERATOR(pg_catalog.*) interval '1 millisecond'),
+    started_at = coalesce($1::timestamptz, pg_catalog.now()),
+    updated_at = coalesce($1::timestamptz, pg_catalog.now())
 FROM ready
-WHERE t.id = ready.id AND t.state = 'pending'
+WHERE t.id OPERATOR(pg_catalog.=) ready.id AND t.state OPERATOR(pg_catalog.=) 'pending'
 RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.timeout_ms, t.run_id::text`;
 
 /**
  * What a pass sends to claim: a call of `outlive.claim`, whose body is
- * CLAIM_SQL (migrations 0009, then 0010 with names), as a named statement.
+ * CLAIM_SQL (migrations 0009, then 0010 with names, then 0013 with its
+ * search_path pinned), as a named statement.
  *
  * The trade-off, measured on 2 cores, PostgreSQL 15: CLAIM_SQL sent unnamed
  * (0000-0008) was parsed and planned for every claim, 460-530 us of backend

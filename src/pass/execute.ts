@@ -238,10 +238,12 @@ function checkSpawns(claimed: ClaimedTask, spawns: readonly PreparedStep[]): voi
   }
 }
 
-const OUTPUT_OF_SQL = `SELECT output FROM outlive.tasks WHERE run_id = $1 AND step = $2 AND state = 'succeeded'`;
+const OUTPUT_OF_SQL = `
+SELECT output FROM outlive.tasks
+WHERE run_id OPERATOR(pg_catalog.=) $1 AND step OPERATOR(pg_catalog.=) $2 AND state OPERATOR(pg_catalog.=) 'succeeded'`;
 const DEPENDENCY_OUTPUTS_SQL = `
-SELECT p.step, p.output FROM outlive.task_deps d JOIN outlive.tasks p ON p.id = d.depends_on
-WHERE d.task_id = $1 AND p.state = 'succeeded'`;
+SELECT p.step, p.output FROM outlive.task_deps d JOIN outlive.tasks p ON p.id OPERATOR(pg_catalog.=) d.depends_on
+WHERE d.task_id OPERATOR(pg_catalog.=) $1 AND p.state OPERATOR(pg_catalog.=) 'succeeded'`;
 
 /**
  * What a handler sees of its attempt. A class, not an object of closures:

@@ -19,18 +19,20 @@ export const ANNOUNCE_EVERY_MS = 60_000;
 // once a minute. Past that, the worker is taken to be gone.
 // A pass's word on the longest replaces the stored one when there is none,
 // when it is as long or longer, or when the stored one is two minutes old.
-const TAKES_OVER = `(k.longest_ms IS NULL OR excluded.longest_ms >= k.longest_ms
-                      OR k.longest_at < excluded.seen_at - 2 * $3 * interval '1 millisecond')`;
+const TAKES_OVER = `(k.longest_ms IS NULL OR excluded.longest_ms OPERATOR(pg_catalog.>=) k.longest_ms
+                      OR k.longest_at OPERATOR(pg_catalog.<)
+                         (excluded.seen_at OPERATOR(pg_catalog.-) ((2 OPERATOR(pg_catalog.*) $3) OPERATOR(pg_catalog.*) interval '1 millisecond')))`;
 const ANNOUNCE_SQL = `
 INSERT INTO outlive.known_tasks AS k (name, seen_at, longest_ms, longest_at)
-SELECT n, coalesce($2::timestamptz, now()), $4, coalesce($2::timestamptz, now()) FROM unnest($1::text[]) AS n
+SELECT n, coalesce($2::timestamptz, pg_catalog.now()), $4, coalesce($2::timestamptz, pg_catalog.now()) FROM pg_catalog.unnest($1::text[]) AS n
 ON CONFLICT (name) DO UPDATE SET
   seen_at = excluded.seen_at,
   longest_ms = CASE WHEN ${TAKES_OVER} THEN excluded.longest_ms ELSE k.longest_ms END,
   longest_at = CASE WHEN ${TAKES_OVER} THEN excluded.seen_at ELSE k.longest_at END
-WHERE k.seen_at < excluded.seen_at - $3 * interval '1 millisecond'
-   OR k.longest_ms IS NULL OR excluded.longest_ms > k.longest_ms
-   OR (excluded.longest_ms = k.longest_ms AND k.longest_at < excluded.seen_at - $3 * interval '1 millisecond')`;
+WHERE k.seen_at OPERATOR(pg_catalog.<) (excluded.seen_at OPERATOR(pg_catalog.-) ($3 OPERATOR(pg_catalog.*) interval '1 millisecond'))
+   OR k.longest_ms IS NULL OR excluded.longest_ms OPERATOR(pg_catalog.>) k.longest_ms
+   OR (excluded.longest_ms OPERATOR(pg_catalog.=) k.longest_ms
+       AND k.longest_at OPERATOR(pg_catalog.<) (excluded.seen_at OPERATOR(pg_catalog.-) ($3 OPERATOR(pg_catalog.*) interval '1 millisecond')))`;
 
 // When this process last announced each name, per pool: a long-lived worker
 // runs a pass per wake-up, and even a statement that writes nothing locks the
@@ -54,7 +56,8 @@ export async function announceTasks(db: Executor, names: readonly string[], long
   if (due.length === 0) return;
   try {
     const longest = Math.max(1, Math.min(Math.floor(longestMs), LONGEST_STORED_MS));
-    await db.query(ANNOUNCE_SQL, [[...due].sort(), now, ANNOUNCE_EVERY_MS, longest], 'outlive_announce_v2');
+    // Renamed with its text (see PLAIN in settle.ts).
+    await db.query(ANNOUNCE_SQL, [[...due].sort(), now, ANNOUNCE_EVERY_MS, longest], 'outlive_announce_v3');
     if (mine) for (const n of due) mine.set(n, at);
   } catch (err) {
     // A database migrated before 0010 has no outlive.known_tasks.

@@ -27,19 +27,20 @@ export class LeaseLostError extends Error {
 // leaseMs + grace. Its owner is the key, so the update is HOT.
 export const RENEW_LEASE_SQL = `
 INSERT INTO outlive.leases AS l (owner, expires_at)
-VALUES ($1, coalesce($2::timestamptz, now()) + $3 * interval '1 millisecond')
+VALUES ($1, coalesce($2::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+) ($3 OPERATOR(pg_catalog.*) interval '1 millisecond'))
 ON CONFLICT (owner) DO UPDATE SET expires_at = greatest(l.expires_at, excluded.expires_at)`;
 
 // A pass that ends lets its lease go; what it still held (nothing, normally)
 // falls back on the rows' own leases.
-export const END_LEASE_SQL = `DELETE FROM outlive.leases WHERE owner = $1`;
+export const END_LEASE_SQL = `DELETE FROM outlive.leases WHERE owner OPERATOR(pg_catalog.=) $1`;
 
 // Which of these rows the pass no longer holds: cancelled, or recovered (and
 // perhaps claimed again) while its handler ran. Read only: the primary key
 // finds each row.
 export const LOST_SQL = `
-SELECT x.id::text FROM unnest($1::bigint[]) AS x(id)
-WHERE NOT EXISTS (SELECT 1 FROM outlive.tasks t WHERE t.id = x.id AND t.state = 'running' AND t.lease_owner = $2)`;
+SELECT x.id::text FROM pg_catalog.unnest($1::bigint[]) AS x(id)
+WHERE NOT EXISTS (SELECT 1 FROM outlive.tasks t
+                  WHERE t.id OPERATOR(pg_catalog.=) x.id AND t.state OPERATOR(pg_catalog.=) 'running' AND t.lease_owner OPERATOR(pg_catalog.=) $2)`;
 
 /** The lease a pass holds its tasks under. */
 export interface Lease {

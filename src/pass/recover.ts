@@ -23,7 +23,7 @@ export interface RecoverReport {
  * RECOVER_SQL applies.
  */
 export const heldUntil = (t: string) =>
-  `greatest(${t}.lease_expires_at, (SELECT l.expires_at FROM outlive.leases l WHERE l.owner = ${t}.lease_owner))`;
+  `greatest(${t}.lease_expires_at, (SELECT l.expires_at FROM outlive.leases l WHERE l.owner OPERATOR(pg_catalog.=) ${t}.lease_owner))`;
 
 // A running row is held while its own lease (written by its claim) or its
 // pass's lease (outlive.leases, renewed by the pass while it runs long
@@ -39,31 +39,35 @@ export const heldUntil = (t: string) =>
 export const RECOVER_SQL = `
 WITH expired AS (
   SELECT t.id FROM outlive.tasks t
-  WHERE t.state = 'running' AND t.lease_expires_at < coalesce($1::timestamptz, now())
-    AND NOT EXISTS (SELECT 1 FROM outlive.leases l WHERE l.owner = t.lease_owner AND l.expires_at >= coalesce($1::timestamptz, now()))
+  WHERE t.state OPERATOR(pg_catalog.=) 'running' AND t.lease_expires_at OPERATOR(pg_catalog.<) coalesce($1::timestamptz, pg_catalog.now())
+    AND NOT EXISTS (SELECT 1 FROM outlive.leases l
+                    WHERE l.owner OPERATOR(pg_catalog.=) t.lease_owner AND l.expires_at OPERATOR(pg_catalog.>=) coalesce($1::timestamptz, pg_catalog.now()))
   ORDER BY t.lease_expires_at
   LIMIT $2
   FOR UPDATE OF t SKIP LOCKED
 ),
 gone AS (
-  DELETE FROM outlive.leases WHERE expires_at < coalesce($1::timestamptz, now())
+  DELETE FROM outlive.leases WHERE expires_at OPERATOR(pg_catalog.<) coalesce($1::timestamptz, pg_catalog.now())
 )
 UPDATE outlive.tasks t
-SET state = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'pending' END::outlive.task_state,
-    run_at = CASE WHEN t.attempts >= t.max_attempts THEN t.run_at
-                  ELSE coalesce($1::timestamptz, now()) + least(3600000, 1000 * 2 ^ least(t.attempts - 1, 30)) * interval '1 millisecond' END,
-    last_error = 'lease expired: the pass running attempt ' || t.attempts || ' stopped before settling it',
-    errors = t.errors || jsonb_build_array(jsonb_build_object(
+SET state = CASE WHEN t.attempts OPERATOR(pg_catalog.>=) t.max_attempts THEN 'failed' ELSE 'pending' END::outlive.task_state,
+    run_at = CASE WHEN t.attempts OPERATOR(pg_catalog.>=) t.max_attempts THEN t.run_at
+                  ELSE coalesce($1::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+)
+                       (least(3600000, 1000 OPERATOR(pg_catalog.*) (2 OPERATOR(pg_catalog.^) least(t.attempts OPERATOR(pg_catalog.-) 1, 30)))
+                        OPERATOR(pg_catalog.*) interval '1 millisecond') END,
+    last_error = 'lease expired: the pass running attempt ' OPERATOR(pg_catalog.||) t.attempts OPERATOR(pg_catalog.||) ' stopped before settling it',
+    errors = t.errors OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
       'attempt', t.attempts,
-      'at', coalesce($1::timestamptz, now()),
+      'at', coalesce($1::timestamptz, pg_catalog.now()),
       'name', 'LeaseExpired',
-      'message', 'lease expired: the pass running attempt ' || t.attempts || ' stopped before settling it')),
+      'message', 'lease expired: the pass running attempt ' OPERATOR(pg_catalog.||) t.attempts OPERATOR(pg_catalog.||) ' stopped before settling it')),
     lease_owner = NULL,
     lease_expires_at = NULL,
-    finished_at = CASE WHEN t.attempts >= t.max_attempts THEN coalesce($1::timestamptz, now()) END,
-    updated_at = coalesce($1::timestamptz, now())
+    finished_at = CASE WHEN t.attempts OPERATOR(pg_catalog.>=) t.max_attempts THEN coalesce($1::timestamptz, pg_catalog.now()) END,
+    updated_at = coalesce($1::timestamptz, pg_catalog.now())
 FROM expired
-WHERE t.id = expired.id AND t.state = 'running' AND t.lease_expires_at < coalesce($1::timestamptz, now())
+WHERE t.id OPERATOR(pg_catalog.=) expired.id AND t.state OPERATOR(pg_catalog.=) 'running'
+  AND t.lease_expires_at OPERATOR(pg_catalog.<) coalesce($1::timestamptz, pg_catalog.now())
 RETURNING t.id::text, t.state::text, t.run_id::text, t.step`;
 
 /**

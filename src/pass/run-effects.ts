@@ -28,76 +28,82 @@ export interface RunRow {
 // NOTIFY wakes listening workers for tasks this made ready.
 const RELEASE_SQL = `
 WITH c AS (
-  SELECT task_id, count(*)::int AS n FROM outlive.task_deps WHERE depends_on = ANY($1::bigint[]) GROUP BY task_id
+  SELECT task_id, pg_catalog.count(*)::int AS n FROM outlive.task_deps WHERE depends_on OPERATOR(pg_catalog.=) ANY ($1::bigint[]) GROUP BY task_id
 ), locked AS (
-  SELECT t.id, c.n FROM outlive.tasks t JOIN c ON c.task_id = t.id
-  WHERE t.state = 'pending' ORDER BY t.id FOR UPDATE OF t
+  SELECT t.id, c.n FROM outlive.tasks t JOIN c ON c.task_id OPERATOR(pg_catalog.=) t.id
+  WHERE t.state OPERATOR(pg_catalog.=) 'pending' ORDER BY t.id FOR UPDATE OF t
 ), upd AS (
-  UPDATE outlive.tasks t SET waiting_on = t.waiting_on - locked.n, updated_at = coalesce($2::timestamptz, now())
-  FROM locked WHERE t.id = locked.id
+  UPDATE outlive.tasks t SET waiting_on = t.waiting_on OPERATOR(pg_catalog.-) locked.n, updated_at = coalesce($2::timestamptz, pg_catalog.now())
+  FROM locked WHERE t.id OPERATOR(pg_catalog.=) locked.id
   RETURNING t.queue, t.waiting_on
 )
-SELECT count(*) FILTER (WHERE waiting_on = 0)::int AS ready,
-       (SELECT count(pg_notify('outlive', q.queue)) FROM (SELECT DISTINCT queue FROM upd WHERE waiting_on = 0) q)::int AS notified
+SELECT pg_catalog.count(*) FILTER (WHERE waiting_on OPERATOR(pg_catalog.=) 0)::int AS ready,
+       (SELECT pg_catalog.count(pg_catalog.pg_notify('outlive', q.queue))
+        FROM (SELECT DISTINCT queue FROM upd WHERE waiting_on OPERATOR(pg_catalog.=) 0) q)::int AS notified
 FROM upd`;
 
 // Every pending task downstream of a failed one: none of them can ever start.
 const SKIP_SQL = `
 WITH RECURSIVE down(id) AS (
-  SELECT task_id FROM outlive.task_deps WHERE depends_on = $1::bigint
+  SELECT task_id FROM outlive.task_deps WHERE depends_on OPERATOR(pg_catalog.=) $1::bigint
   UNION
-  SELECT d.task_id FROM outlive.task_deps d JOIN down ON d.depends_on = down.id
+  SELECT d.task_id FROM outlive.task_deps d JOIN down ON d.depends_on OPERATOR(pg_catalog.=) down.id
 ), locked AS (
-  SELECT t.id FROM outlive.tasks t WHERE t.id IN (SELECT id FROM down) AND t.state = 'pending'
+  SELECT t.id FROM outlive.tasks t WHERE t.id OPERATOR(pg_catalog.=) ANY (SELECT id FROM down) AND t.state OPERATOR(pg_catalog.=) 'pending'
   ORDER BY t.id FOR UPDATE
 )
 UPDATE outlive.tasks t
-SET state = 'skipped', last_error = $3, finished_at = coalesce($2::timestamptz, now()), updated_at = coalesce($2::timestamptz, now())
-FROM locked WHERE t.id = locked.id
+SET state = 'skipped', last_error = $3, finished_at = coalesce($2::timestamptz, pg_catalog.now()), updated_at = coalesce($2::timestamptz, pg_catalog.now())
+FROM locked WHERE t.id OPERATOR(pg_catalog.=) locked.id
 RETURNING t.id::text`;
 
 const FINISH_RUNS_SQL = `
 UPDATE outlive.runs r
-SET unfinished = r.unfinished + d.delta,
+SET unfinished = r.unfinished OPERATOR(pg_catalog.+) d.delta,
     failed_task_id = coalesce(r.failed_task_id, d.failed_task_id),
     error = coalesce(r.error, d.error),
-    state = CASE WHEN r.state = 'running' AND r.unfinished + d.delta <= 0
+    state = CASE WHEN r.state OPERATOR(pg_catalog.=) 'running' AND (r.unfinished OPERATOR(pg_catalog.+) d.delta) OPERATOR(pg_catalog.<=) 0
                  THEN CASE WHEN coalesce(r.failed_task_id, d.failed_task_id) IS NULL THEN 'succeeded' ELSE 'failed' END::outlive.run_state
                  ELSE r.state END,
-    finished_at = CASE WHEN r.state = 'running' AND r.unfinished + d.delta <= 0 THEN coalesce($1::timestamptz, now()) ELSE r.finished_at END,
-    updated_at = coalesce($1::timestamptz, now())
-FROM unnest($2::bigint[], $3::int[], $4::bigint[], $5::text[]) AS d(id, delta, failed_task_id, error)
-WHERE r.id = d.id`;
+    finished_at = CASE WHEN r.state OPERATOR(pg_catalog.=) 'running' AND (r.unfinished OPERATOR(pg_catalog.+) d.delta) OPERATOR(pg_catalog.<=) 0
+                       THEN coalesce($1::timestamptz, pg_catalog.now()) ELSE r.finished_at END,
+    updated_at = coalesce($1::timestamptz, pg_catalog.now())
+FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::int[]), pg_catalog.unnest($4::bigint[]), pg_catalog.unnest($5::text[]))
+     AS d(id, delta, failed_task_id, error)
+WHERE r.id OPERATOR(pg_catalog.=) d.id`;
 
 // Steps a spawn refers to (or would collide with) are locked first, so a
 // dependency that is settling right now either committed already (and is
 // seen as succeeded) or waits and then finds the new edge to release.
 const LOCK_STEPS_SQL = `
 SELECT id::text, step, state::text FROM outlive.tasks
-WHERE run_id = $1 AND step = ANY($2::text[])
+WHERE run_id OPERATOR(pg_catalog.=) $1 AND step OPERATOR(pg_catalog.=) ANY ($2::text[])
 ORDER BY id FOR UPDATE`;
 
 const INSERT_SPAWNS_SQL = `
 WITH ins AS (
   INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error, finished_at)
-  SELECT $1, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, now()), s.input::jsonb, s.waiting_on,
-         s.state::outlive.task_state, s.last_error, CASE WHEN s.state = 'skipped' THEN coalesce($2::timestamptz, now()) END
-  FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::int[], $12::text[], $13::text[])
+  SELECT $1, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, pg_catalog.now()), s.input::jsonb, s.waiting_on,
+         s.state::outlive.task_state, s.last_error, CASE WHEN s.state OPERATOR(pg_catalog.=) 'skipped' THEN coalesce($2::timestamptz, pg_catalog.now()) END
+  FROM ROWS FROM (pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::int[]),
+                  pg_catalog.unnest($7::int[]), pg_catalog.unnest($8::int[]), pg_catalog.unnest($9::timestamptz[]), pg_catalog.unnest($10::text[]),
+                  pg_catalog.unnest($11::int[]), pg_catalog.unnest($12::text[]), pg_catalog.unnest($13::text[]))
        AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error)
   RETURNING id, step
 ), ids AS (
   -- The spawned steps, and the steps already in the run that they wait for
   -- (a lookup object rather than a join: see START_RUN_SQL in src/write/start-run.ts).
-  SELECT jsonb_object_agg(step, id) AS of
-  FROM (SELECT id, step FROM ins UNION ALL SELECT x.id, x.step FROM unnest($16::bigint[], $17::text[]) AS x(id, step)) a
+  SELECT pg_catalog.jsonb_object_agg(step, id) AS of
+  FROM (SELECT id, step FROM ins
+        UNION ALL SELECT x.id, x.step FROM ROWS FROM (pg_catalog.unnest($16::bigint[]), pg_catalog.unnest($17::text[])) AS x(id, step)) a
 ), edges AS (
   INSERT INTO outlive.task_deps (run_id, task_id, depends_on)
-  SELECT $1, (ids.of ->> e.child)::bigint, (ids.of ->> e.parent)::bigint
-  FROM ids, unnest($14::text[], $15::text[]) AS e(child, parent)
+  SELECT $1, (ids.of OPERATOR(pg_catalog.->>) e.child)::bigint, (ids.of OPERATOR(pg_catalog.->>) e.parent)::bigint
+  FROM ids, ROWS FROM (pg_catalog.unnest($14::text[]), pg_catalog.unnest($15::text[])) AS e(child, parent)
 ), unsure AS (
-  INSERT INTO outlive.recounts (task_id) SELECT id FROM ins WHERE step = ANY($18::text[])
+  INSERT INTO outlive.recounts (task_id) SELECT id FROM ins WHERE step OPERATOR(pg_catalog.=) ANY ($18::text[])
 )
-SELECT count(*)::int AS n FROM ins`;
+SELECT pg_catalog.count(*)::int AS n FROM ins`;
 
 const BROKEN = new Set(['failed', 'skipped', 'cancelled']);
 
@@ -182,30 +188,31 @@ function unfinishedDependencies(s: PreparedStep, fresh: ReadonlyMap<string, Prep
 const LOCK_RECOUNTS_SQL = `
 WITH gone AS (
   DELETE FROM outlive.recounts r
-  WHERE NOT EXISTS (SELECT 1 FROM outlive.tasks t WHERE t.id = r.task_id AND t.state = 'pending')
+  WHERE NOT EXISTS (SELECT 1 FROM outlive.tasks t WHERE t.id OPERATOR(pg_catalog.=) r.task_id AND t.state OPERATOR(pg_catalog.=) 'pending')
 )
-SELECT t.id::text FROM outlive.recounts r JOIN outlive.tasks t ON t.id = r.task_id
-WHERE t.state = 'pending' ORDER BY t.id FOR UPDATE OF t`;
+SELECT t.id::text FROM outlive.recounts r JOIN outlive.tasks t ON t.id OPERATOR(pg_catalog.=) r.task_id
+WHERE t.state OPERATOR(pg_catalog.=) 'pending' ORDER BY t.id FOR UPDATE OF t`;
 
 const RECOUNT_SQL = `
 WITH counted AS (
   SELECT t.id, t.queue, t.waiting_on AS was,
-         count(*) FILTER (WHERE p.state IS DISTINCT FROM 'succeeded')::int AS n,
-         count(*) FILTER (WHERE p.state = 'running')::int AS running
+         pg_catalog.count(*) FILTER (WHERE (p.state OPERATOR(pg_catalog.=) 'succeeded') IS NOT TRUE)::int AS n,
+         pg_catalog.count(*) FILTER (WHERE p.state OPERATOR(pg_catalog.=) 'running')::int AS running
   FROM outlive.tasks t
-  JOIN outlive.task_deps d ON d.task_id = t.id
-  LEFT JOIN outlive.tasks p ON p.id = d.depends_on
-  WHERE t.id = ANY($1::bigint[]) AND t.state = 'pending'
+  JOIN outlive.task_deps d ON d.task_id OPERATOR(pg_catalog.=) t.id
+  LEFT JOIN outlive.tasks p ON p.id OPERATOR(pg_catalog.=) d.depends_on
+  WHERE t.id OPERATOR(pg_catalog.=) ANY ($1::bigint[]) AND t.state OPERATOR(pg_catalog.=) 'pending'
   GROUP BY t.id
 ), upd AS (
-  UPDATE outlive.tasks t SET waiting_on = c.n, updated_at = coalesce($2::timestamptz, now())
-  FROM counted c WHERE t.id = c.id AND c.n <> c.was
+  UPDATE outlive.tasks t SET waiting_on = c.n, updated_at = coalesce($2::timestamptz, pg_catalog.now())
+  FROM counted c WHERE t.id OPERATOR(pg_catalog.=) c.id AND c.n OPERATOR(pg_catalog.<>) c.was
   RETURNING t.queue, t.waiting_on
 ), done AS (
-  DELETE FROM outlive.recounts r USING counted c WHERE r.task_id = c.id AND c.running = 0
+  DELETE FROM outlive.recounts r USING counted c WHERE r.task_id OPERATOR(pg_catalog.=) c.id AND c.running OPERATOR(pg_catalog.=) 0
 )
-SELECT (SELECT count(*) FROM upd)::int AS fixed,
-       (SELECT count(pg_notify('outlive', q.queue)) FROM (SELECT DISTINCT queue FROM upd WHERE waiting_on = 0) q)::int AS notified`;
+SELECT (SELECT pg_catalog.count(*) FROM upd)::int AS fixed,
+       (SELECT pg_catalog.count(pg_catalog.pg_notify('outlive', q.queue))
+        FROM (SELECT DISTINCT queue FROM upd WHERE waiting_on OPERATOR(pg_catalog.=) 0) q)::int AS notified`;
 
 /**
  * Recounts `waiting_on` of the rows spawns listed as unsure, in the

@@ -30,28 +30,32 @@ export interface SettledRow extends RunRow {
 // The attempt is compared too: a pass whose lease expired may claim the
 // same row again while its first attempt still runs, and only the attempt
 // tells that attempt's late result from the current one. It is compared
-// with IS NOT DISTINCT FROM (both sides are never null): written as `=` it
-// is a second join key, and a generic plan made without statistics joined
-// the batch by rescanning the array for every running row of the pass.
-// This way the rows are joined by id alone, as before, and filtered.
+// as `(... = ...) IS TRUE` (both sides are never null): written as a bare
+// `=` it is a second join key, and a generic plan made without statistics
+// joined the batch by rescanning the array for every running row of the
+// pass. This way the rows are joined by id alone, as before, and filtered.
+// (It was IS NOT DISTINCT FROM, whose `=` cannot be named with its schema;
+// see "Names in SQL" in ARCHITECTURE.md.)
 export const SETTLE_SQL = `
 UPDATE outlive.tasks t
-SET state = (CASE WHEN s.state = 'released' THEN 'pending' ELSE s.state END)::outlive.task_state,
-    output = CASE WHEN s.state = 'succeeded' THEN s.output::jsonb ELSE t.output END,
-    attempts = CASE WHEN s.state = 'released' THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
-    run_at = CASE WHEN s.state = 'pending'
-                  THEN coalesce(s.retry_at, coalesce($1::timestamptz, now()) + s.delay_ms * interval '1 millisecond')
-                  WHEN s.state = 'released' THEN coalesce($1::timestamptz, now())
+SET state = (CASE WHEN s.state OPERATOR(pg_catalog.=) 'released' THEN 'pending' ELSE s.state END)::outlive.task_state,
+    output = CASE WHEN s.state OPERATOR(pg_catalog.=) 'succeeded' THEN s.output::jsonb ELSE t.output END,
+    attempts = CASE WHEN s.state OPERATOR(pg_catalog.=) 'released' THEN greatest(t.attempts OPERATOR(pg_catalog.-) 1, 0) ELSE t.attempts END,
+    run_at = CASE WHEN s.state OPERATOR(pg_catalog.=) 'pending'
+                  THEN coalesce(s.retry_at, coalesce($1::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+) (s.delay_ms OPERATOR(pg_catalog.*) interval '1 millisecond'))
+                  WHEN s.state OPERATOR(pg_catalog.=) 'released' THEN coalesce($1::timestamptz, pg_catalog.now())
                   ELSE t.run_at END,
-    last_error = coalesce(s.error::jsonb ->> 'message', t.last_error),
-    errors = CASE WHEN s.error IS NULL THEN t.errors ELSE t.errors || jsonb_build_array(s.error::jsonb) END,
+    last_error = coalesce(s.error::jsonb OPERATOR(pg_catalog.->>) 'message', t.last_error),
+    errors = CASE WHEN s.error IS NULL THEN t.errors ELSE t.errors OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array(s.error::jsonb) END,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    finished_at = CASE WHEN s.state IN ('pending', 'released') THEN NULL ELSE coalesce($1::timestamptz, now()) END,
-    updated_at = coalesce($1::timestamptz, now())
-FROM unnest($2::bigint[], $3::text[], $4::text[], $5::timestamptz[], $6::float8[], $7::text[], $9::int[])
+    finished_at = CASE WHEN s.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'released']) THEN NULL ELSE coalesce($1::timestamptz, pg_catalog.now()) END,
+    updated_at = coalesce($1::timestamptz, pg_catalog.now())
+FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::timestamptz[]),
+                pg_catalog.unnest($6::float8[]), pg_catalog.unnest($7::text[]), pg_catalog.unnest($9::int[]))
      AS s(id, state, output, retry_at, delay_ms, error, attempt)
-WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $8 AND t.attempts IS NOT DISTINCT FROM s.attempt
+WHERE t.id OPERATOR(pg_catalog.=) s.id AND t.state OPERATOR(pg_catalog.=) 'running' AND t.lease_owner OPERATOR(pg_catalog.=) $8
+  AND (t.attempts OPERATOR(pg_catalog.=) s.attempt) IS TRUE
 RETURNING t.id::text, s.state AS state, t.run_id::text, t.step`;
 
 // The common case, a batch of successes, in a statement of its own: two
@@ -65,10 +69,11 @@ SET state = 'succeeded',
     output = s.output::jsonb,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    finished_at = coalesce($1::timestamptz, now()),
-    updated_at = coalesce($1::timestamptz, now())
-FROM unnest($2::bigint[], $3::text[], $5::int[]) AS s(id, output, attempt)
-WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $4 AND t.attempts IS NOT DISTINCT FROM s.attempt
+    finished_at = coalesce($1::timestamptz, pg_catalog.now()),
+    updated_at = coalesce($1::timestamptz, pg_catalog.now())
+FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($5::int[])) AS s(id, output, attempt)
+WHERE t.id OPERATOR(pg_catalog.=) s.id AND t.state OPERATOR(pg_catalog.=) 'running' AND t.lease_owner OPERATOR(pg_catalog.=) $4
+  AND (t.attempts OPERATOR(pg_catalog.=) s.attempt) IS TRUE
 RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
 
 // Successes of standalone tasks defined with keepSucceeded: false: the row
@@ -80,8 +85,9 @@ RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
 // key to outlive.tasks: see db/schema.ts.)
 export const DROP_SQL = `
 DELETE FROM outlive.tasks t
-USING unnest($1::bigint[], $3::int[]) AS s(id, attempt)
-WHERE t.id = s.id AND t.state = 'running' AND t.lease_owner = $2 AND t.attempts IS NOT DISTINCT FROM s.attempt
+USING ROWS FROM (pg_catalog.unnest($1::bigint[]), pg_catalog.unnest($3::int[])) AS s(id, attempt)
+WHERE t.id OPERATOR(pg_catalog.=) s.id AND t.state OPERATOR(pg_catalog.=) 'running' AND t.lease_owner OPERATOR(pg_catalog.=) $2
+  AND (t.attempts OPERATOR(pg_catalog.=) s.attempt) IS TRUE
 RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
 
 // Settles of run tasks that neither failed for good nor spawned anything
@@ -96,27 +102,30 @@ const withRunEffects = (settleSql: string) => `
 WITH settled AS (${settleSql}),
 released AS (
   UPDATE outlive.tasks d
-  SET waiting_on = d.waiting_on - c.n, updated_at = coalesce($1::timestamptz, now())
-  FROM (SELECT dep.task_id, count(*)::int AS n
-        FROM outlive.task_deps dep JOIN settled s ON s.id::bigint = dep.depends_on
-        WHERE s.state = 'succeeded' GROUP BY dep.task_id) c
-  WHERE d.id = c.task_id AND d.state = 'pending'
+  SET waiting_on = d.waiting_on OPERATOR(pg_catalog.-) c.n, updated_at = coalesce($1::timestamptz, pg_catalog.now())
+  FROM (SELECT dep.task_id, pg_catalog.count(*)::int AS n
+        FROM outlive.task_deps dep JOIN settled s ON s.id::bigint OPERATOR(pg_catalog.=) dep.depends_on
+        WHERE s.state OPERATOR(pg_catalog.=) 'succeeded' GROUP BY dep.task_id) c
+  WHERE d.id OPERATOR(pg_catalog.=) c.task_id AND d.state OPERATOR(pg_catalog.=) 'pending'
   RETURNING d.queue, d.waiting_on
 ),
 finished AS (
   UPDATE outlive.runs r
-  SET unfinished = r.unfinished - c.n,
-      state = CASE WHEN r.state = 'running' AND r.unfinished - c.n <= 0
+  SET unfinished = r.unfinished OPERATOR(pg_catalog.-) c.n,
+      state = CASE WHEN r.state OPERATOR(pg_catalog.=) 'running' AND (r.unfinished OPERATOR(pg_catalog.-) c.n) OPERATOR(pg_catalog.<=) 0
                    THEN CASE WHEN r.failed_task_id IS NULL THEN 'succeeded' ELSE 'failed' END::outlive.run_state
                    ELSE r.state END,
-      finished_at = CASE WHEN r.state = 'running' AND r.unfinished - c.n <= 0 THEN coalesce($1::timestamptz, now()) ELSE r.finished_at END,
-      updated_at = coalesce($1::timestamptz, now())
-  FROM (SELECT run_id::bigint AS run_id, count(*)::int AS n FROM settled WHERE run_id IS NOT NULL AND state = 'succeeded' GROUP BY 1) c
-  WHERE r.id = c.run_id
+      finished_at = CASE WHEN r.state OPERATOR(pg_catalog.=) 'running' AND (r.unfinished OPERATOR(pg_catalog.-) c.n) OPERATOR(pg_catalog.<=) 0
+                         THEN coalesce($1::timestamptz, pg_catalog.now()) ELSE r.finished_at END,
+      updated_at = coalesce($1::timestamptz, pg_catalog.now())
+  FROM (SELECT run_id::bigint AS run_id, pg_catalog.count(*)::int AS n FROM settled
+        WHERE run_id IS NOT NULL AND state OPERATOR(pg_catalog.=) 'succeeded' GROUP BY 1) c
+  WHERE r.id OPERATOR(pg_catalog.=) c.run_id
   RETURNING r.id
 )
-SELECT s.*, (SELECT count(pg_notify('outlive', q.queue)) FROM (SELECT DISTINCT queue FROM released WHERE waiting_on = 0) q) AS notified,
-       (SELECT count(*) FROM finished) AS runs
+SELECT s.*, (SELECT pg_catalog.count(pg_catalog.pg_notify('outlive', q.queue))
+             FROM (SELECT DISTINCT queue FROM released WHERE waiting_on OPERATOR(pg_catalog.=) 0) q) AS notified,
+       (SELECT pg_catalog.count(*) FROM finished) AS runs
 FROM settled s`;
 
 export const SETTLE_RUN_TASKS_SQL = withRunEffects(SETTLE_SQL);
@@ -128,13 +137,17 @@ interface SettleStatements {
   succeeded: { text: string; name: string };
 }
 
+// A name goes with one text: renamed whenever the text changes (v3: names
+// qualified with pg_catalog), so a server connection that a transaction
+// pooler shares with a pass of the previous release never runs one
+// release's text under the other's name.
 const PLAIN: SettleStatements = {
-  any: { text: SETTLE_SQL, name: 'outlive_settle_v2' },
-  succeeded: { text: SUCCEED_SQL, name: 'outlive_succeed_v2' },
+  any: { text: SETTLE_SQL, name: 'outlive_settle_v3' },
+  succeeded: { text: SUCCEED_SQL, name: 'outlive_succeed_v3' },
 };
 const RUN_TASKS: SettleStatements = {
-  any: { text: SETTLE_RUN_TASKS_SQL, name: 'outlive_settle_runs_v2' },
-  succeeded: { text: SUCCEED_RUN_TASKS_SQL, name: 'outlive_succeed_runs_v2' },
+  any: { text: SETTLE_RUN_TASKS_SQL, name: 'outlive_settle_runs_v3' },
+  succeeded: { text: SUCCEED_RUN_TASKS_SQL, name: 'outlive_succeed_runs_v3' },
 };
 
 function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], now: Date | null, statements = PLAIN): Promise<SettledRow[]> {
@@ -277,7 +290,7 @@ async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Out
       } else kept.push(o);
     }
     if (dropped.length === 0) return settleRows(toExecutor(pool), owner, outcomes, now);
-    const drop = (db: Executor) => db.query<SettledRow>(DROP_SQL, [dropped, owner, droppedAttempts], 'outlive_drop_v2');
+    const drop = (db: Executor) => db.query<SettledRow>(DROP_SQL, [dropped, owner, droppedAttempts], 'outlive_drop_v3');
     if (kept.length === 0) return drop(toExecutor(pool));
     // Both kinds in one batch: one transaction, so that a batch the database
     // refuses is retried outcome by outcome with nothing half written.

@@ -43,11 +43,12 @@ export function insertParams(p: Prepared, inputs: readonly string[], keys: reado
 // that take JSON in arrays (runs, spawns, settles) do the same.
 export const INSERT_TASKS = `
 INSERT INTO outlive.tasks AS t (name, queue, priority, max_attempts, timeout_ms, run_at, input, key)
-SELECT $1, $2, $3, $4, $5, coalesce($6::timestamptz, now()) + $7::float8 * interval '1 millisecond', i.input::jsonb, i.key
-FROM unnest($8::text[], $9::text[]) AS i(input, key)
-ON CONFLICT (name, key) WHERE key IS NOT NULL AND state IN ('pending', 'running')
+SELECT $1, $2, $3, $4, $5, coalesce($6::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+) ($7::float8 OPERATOR(pg_catalog.*) interval '1 millisecond'),
+       i.input::jsonb, i.key
+FROM ROWS FROM (pg_catalog.unnest($8::text[]), pg_catalog.unnest($9::text[])) AS i(input, key)
+ON CONFLICT (name, key) WHERE key IS NOT NULL AND state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])
 DO UPDATE SET key = excluded.key
-RETURNING id::text, queue, state::text, run_at, (xmax = 0) AS inserted`;
+RETURNING id::text, queue, state::text, run_at, (xmax OPERATOR(pg_catalog.=) 0) AS inserted`;
 
 interface InsertedRow {
   id: string;

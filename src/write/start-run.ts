@@ -22,16 +22,18 @@ WITH run AS (
   INSERT INTO outlive.runs (name, unfinished) VALUES ($1, $2) RETURNING id
 ), ins AS (
   INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on)
-  SELECT run.id, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, now()), s.input::jsonb, s.waiting_on
-  FROM run, unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::int[])
+  SELECT run.id, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, pg_catalog.now()), s.input::jsonb, s.waiting_on
+  FROM run, ROWS FROM (pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::int[]),
+                       pg_catalog.unnest($7::int[]), pg_catalog.unnest($8::int[]), pg_catalog.unnest($9::timestamptz[]), pg_catalog.unnest($10::text[]),
+                       pg_catalog.unnest($11::int[]))
        AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on)
   RETURNING id, step
 ), ids AS (
-  SELECT jsonb_object_agg(step, id) AS of FROM ins
+  SELECT pg_catalog.jsonb_object_agg(step, id) AS of FROM ins
 ), edges AS (
   INSERT INTO outlive.task_deps (run_id, task_id, depends_on)
-  SELECT run.id, (ids.of ->> e.child)::bigint, (ids.of ->> e.parent)::bigint
-  FROM run, ids, unnest($12::text[], $13::text[]) AS e(child, parent)
+  SELECT run.id, (ids.of OPERATOR(pg_catalog.->>) e.child)::bigint, (ids.of OPERATOR(pg_catalog.->>) e.parent)::bigint
+  FROM run, ids, ROWS FROM (pg_catalog.unnest($12::text[]), pg_catalog.unnest($13::text[])) AS e(child, parent)
 )
 SELECT (SELECT id::text FROM run) AS run_id, id::text AS id, step FROM ins`;
 
