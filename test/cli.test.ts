@@ -139,6 +139,46 @@ describe('outlive CLI', { timeout: 120_000 }, () => {
     expect(after.errors).toHaveLength(1);
   });
 
+  // Rows another role may write: names, queues, keys, errors and lease owners
+  // that no enqueue here would take, with a newline (a forged line), ESC and
+  // CSI sequences (which clear or retitle a terminal) and a bidi override.
+  it('prints what rows hold escaped: no control character or terminal escape reaches the terminal; --json keeps the text', async () => {
+    const odd = (label: string) => `${label}\u001b[2J\u009b31m\u202e\nFAKE: ok\u0007`;
+    const runId = (await db.rows<{ id: string }>(`INSERT INTO outlive.runs (name, unfinished, error) VALUES ($1, 1, $2) RETURNING id::text`, [odd('run'), odd('run error')]))[0]!.id;
+    const failedId = (await db.rows<{ id: string }>(
+      `INSERT INTO outlive.tasks (name, queue, input, max_attempts, timeout_ms, state, attempts, key, last_error, errors, finished_at)
+       VALUES ($1, $2, '{}', 1, 1000, 'failed', 1, $3, $4, jsonb_build_array(jsonb_build_object('attempt', 1, 'at', now(), 'name', $5::text, 'message', $4::text)), now())
+       RETURNING id::text`,
+      [odd('name'), odd('queue'), odd('key'), odd('error'), odd('ErrorName')],
+    ))[0]!.id;
+    const runningId = (await db.rows<{ id: string }>(
+      `INSERT INTO outlive.tasks (name, queue, input, max_attempts, timeout_ms, state, attempts, lease_owner, lease_expires_at, run_id, step)
+       VALUES ($1, 'default', '{}', 1, 1000, 'running', 1, $2, now() + interval '1 minute', $3, $4) RETURNING id::text`,
+      [odd('leased'), odd('owner'), runId, odd('step')],
+    ))[0]!.id;
+    const raw = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u202a-\u202e]/;
+    for (const args of [['status'], ['tasks'], ['runs'], ['task', failedId], ['task', runningId], ['run', runId]]) {
+      const r = await cli([...args, ...url]);
+      expect(r.code, r.err).toBe(0);
+      expect(r.out, args.join(' ')).not.toMatch(raw);
+      expect(r.out, args.join(' ')).not.toMatch(/^FAKE: ok/m);
+    }
+    const shown = (await cli(['task', failedId, ...url])).out;
+    expect(shown).toContain(`task ${failedId} name\\u001b[2J\\u009b31m\\u202e\\nFAKE: ok\\u0007: failed`);
+    expect(shown).toContain('  key key\\u001b[2J');
+    expect(shown).toMatch(/^ {2}attempt 1 at \S+: ErrorName\\u001b\[2J.*: error\\u001b\[2J\\u009b31m\\u202e\\nFAKE: ok\\u0007$/m);
+    expect((await cli(['task', runningId, ...url])).out).toContain('  leased by owner\\u001b[2J\\u009b31m\\u202e\\nFAKE: ok\\u0007 until');
+    expect((await cli(['run', runId, ...url])).out.split('\n')[0]).toBe(`run ${runId} "run\\u001b[2J\\u009b31m\\u202e\\nFAKE: ok\\u0007": running, 0 of 1 tasks done`);
+    // In a table cell whitespace is a space, as before; the escapes stay escaped.
+    expect((await cli(['tasks', '--state', 'failed', ...url])).out).toContain('name\\u001b[2J\\u009b31m\\u202e FAKE: ok\\u0007');
+    const json = await cli(['tasks', '--json', ...url]);
+    expect(json.out).not.toMatch(raw);
+    const listed = JSON.parse(json.out) as { id: string; name: string; lastError: string | null }[];
+    expect(listed.find((t) => t.id === failedId)).toMatchObject({ name: odd('name'), lastError: odd('error') });
+    await db.pool.query(`DELETE FROM outlive.runs WHERE id = $1`, [runId]);
+    await db.pool.query(`DELETE FROM outlive.tasks WHERE id = $1`, [failedId]);
+  });
+
   it('lists tasks newest first by id as a number, across a power of ten', async () => {
     await db.pool.query(`SELECT setval(pg_get_serial_sequence('outlive.tasks', 'id'), greatest(95, (SELECT coalesce(max(id), 0) FROM outlive.tasks)))`);
     const start = Number((await db.rows<{ n: string }>(`SELECT last_value::text AS n FROM outlive.tasks_id_seq`))[0]!.n);

@@ -14,6 +14,7 @@
  * 3 the database cannot be reached.
  */
 import { formatIssues } from '../model/checks.js';
+import { printable, quoted } from '../model/printable.js';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
@@ -196,14 +197,30 @@ function registerWorker(program: Command, io: CliIo, signals: SignalSource, setE
     });
 }
 
+/**
+ * The CLI's output, each line escaped: task names, queues, keys, errors, lease
+ * owners and run names come from rows that other roles may have written, and
+ * a newline in one would forge a line, an escape sequence drive the
+ * operator's terminal. Commands write one line per call; what is meant to be
+ * several lines (help, JSON) is split first.
+ */
+function printableIo(io: CliIo): CliIo {
+  return { out: (line) => io.out(printable(line)), err: (line) => io.err(printable(line)) };
+}
+
+function lines(text: string): string[] {
+  return text.replace(/\n$/, '').split('\n');
+}
+
 /** Builds the program with every command registered. */
 export function createProgram(io: CliIo = processIo, signals: SignalSource = process, setExit: (code: number) => void = () => undefined): Command {
+  io = printableIo(io);
   const program = new Command('outlive')
     .description('Durable jobs and DAG runs for serverless TypeScript, kept in Postgres rows.')
     .exitOverride()
     .configureOutput({
-      writeOut: (s) => io.out(s.replace(/\n$/, '')),
-      writeErr: (s) => io.err(s.replace(/\n$/, '')),
+      writeOut: (s) => lines(s).forEach(io.out),
+      writeErr: (s) => lines(s).forEach(io.err),
       outputError: (s, write) => write(s.replace(/^error: /, 'outlive: ')),
     })
     .showSuggestionAfterError();
@@ -217,6 +234,7 @@ export function createProgram(io: CliIo = processIo, signals: SignalSource = pro
  * with the exit code. Every failure is reported as one line.
  */
 export async function main(args: readonly string[], io: CliIo = processIo, signals: SignalSource = process): Promise<number> {
+  io = printableIo(io);
   let code = 0;
   const program = createProgram(io, signals, (c) => (code = c));
   if (args.length === 0) {
@@ -310,7 +328,8 @@ async function withDb<T>(opts: DbOptions, fn: (pool: pg.Pool) => Promise<T>, nee
 
 /** Formats rows as an aligned text table. */
 export function table(headers: string[], rows: (string | number | null | undefined)[][]): string[] {
-  const cells = rows.map((r) => r.map((c) => (c === null || c === undefined ? '-' : String(c)).replace(/\s+/g, ' ')));
+  // Escaped before the widths are measured, so the columns stay aligned.
+  const cells = rows.map((r) => r.map((c) => printable((c === null || c === undefined ? '-' : String(c)).replace(/\s+/g, ' '))));
   const widths = headers.map((h, i) => Math.max(h.length, ...cells.map((r) => Math.min(r[i]!.length, 80))));
   const line = (r: string[]) =>
     r.map((c, i) => (c.length > 80 ? c.slice(0, 79) + '…' : c).padEnd(widths[i]!)).join('  ').trimEnd();
@@ -331,7 +350,8 @@ function ago(d: Date | null, now = new Date()): string | null {
 }
 
 function printJson(io: CliIo, value: unknown): void {
-  io.out(JSON.stringify(value, null, 2));
+  // JSON.stringify escapes newlines inside strings, so these are its own.
+  for (const line of JSON.stringify(value, null, 2).split('\n')) io.out(line);
 }
 
 function oneOf<S extends string>(what: string, allowed: readonly S[]) {
@@ -378,7 +398,7 @@ function registerStatus(program: Command, io: CliIo): void {
         io.out(`runs:   ${RUN_STATES.map((st) => `${st} ${s.runs[st]}`).join(', ')}`);
         io.out(`oldest ready task: ${s.oldestReadyMs === null ? 'none waiting' : `due ${duration(s.oldestReadyMs)} ago`}`);
         io.out(`failed in the last hour: ${s.failedLastHour}`);
-        for (const u of s.unrunnable) io.out(`not runnable: ${u.ready} ready "${u.name}" task(s): ${u.why}`);
+        for (const u of s.unrunnable) io.out(`not runnable: ${u.ready} ready ${quoted(u.name)} task(s): ${u.why}`);
         if (s.queues.length > 0) {
           io.out('');
           for (const l of table(['queue', ...TASK_STATES], s.queues.map((q) => [q.queue, ...TASK_STATES.map((st) => q.counts[st])]))) io.out(l);
@@ -476,7 +496,7 @@ function registerRun(program: Command, io: CliIo): void {
         const edges = await runEdges(pool, runId);
         if (opts.json) return printJson(io, { ...run, edges });
         const done = run.tasks.filter((t) => t.state !== 'pending' && t.state !== 'running').length;
-        io.out(`run ${run.id} "${run.name}": ${run.state}, ${done} of ${run.tasks.length} tasks done`);
+        io.out(`run ${run.id} ${quoted(run.name)}: ${run.state}, ${done} of ${run.tasks.length} tasks done`);
         io.out(`  ${TASK_STATES.filter((s) => run.counts[s]).map((s) => `${s} ${run.counts[s]}`).join(', ') || 'no tasks'}`);
         if (run.error) io.out(`  error: ${run.error}`);
         for (const { task, last } of runTree(run.tasks, edges)) {
