@@ -7,6 +7,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { enqueue, startRun, step, tick } from '../src/index.js';
+import { grants } from '../src/node/index.js';
 import { freshDb } from './support/db.js';
 import { explode, fixExplode, greet, tasks } from './fixtures/cli-tasks.js';
 
@@ -69,6 +70,19 @@ describe('outlive CLI', { timeout: 120_000 }, () => {
     expect(unknown.code).toBe(2);
     expect(oneLine(unknown.err)).toBe(`outlive: unknown task "grete": ${TASKS} defines "greet", "explode"`);
     expect(await db.rows(`SELECT count(*)::int AS n FROM outlive.tasks`)).toEqual([{ n: 1 }]);
+  });
+
+  it('prints the grants of each role as SQL, the same as grants() returns; no role named is exit 2', async () => {
+    const r = await cli(['grants', '--app', 'shop_app', '--worker', 'shop_worker', '--dashboard', 'Shop Ops']);
+    expect(r.code, r.err).toBe(0);
+    expect(r.out).toBe(grants({ app: 'shop_app', worker: 'shop_worker', dashboard: 'Shop Ops' }));
+    expect(r.out).toContain('GRANT SELECT, INSERT, UPDATE, DELETE ON outlive.tasks TO "shop_worker";');
+    const none = await cli(['grants']);
+    expect(none.code).toBe(2);
+    expect(oneLine(none.err)).toBe('outlive: name at least one role: --app <role>, --worker <role>, --dashboard <role>');
+    const empty = await cli(['grants', '--app', '']);
+    expect(empty.code).toBe(2);
+    expect(oneLine(empty.err)).toMatch(/^outlive: grants: the app role must be a role's name of 1-63 bytes/);
   });
 
   it('answers 3 for an unreachable database and 2 for a bad URL or usage, in one line', async () => {

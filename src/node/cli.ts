@@ -2,6 +2,7 @@
  * The `outlive` command line: what a person on call reaches for.
  *
  *   outlive migrate | status | tasks | runs | run <id> | task <id>
+ *   outlive grants --app <role> --worker <role> --dashboard <role>
  *   outlive retry task <id> | retry run <id> | cancel run <id>
  *   outlive enqueue <name> <json> --tasks ./dist/tasks.js
  *   outlive worker --tasks ./dist/tasks.js
@@ -24,6 +25,7 @@ import { cancelRun } from '../admin/cancel.js';
 import { enqueue } from '../write/enqueue.js';
 import { explainRun, type ExplainedTask } from '../admin/explain.js';
 import { migrate, MIGRATIONS_FOLDER } from './migrate.js';
+import { grants } from './grants.js';
 import { retryRun, retryTask, type RetryReport } from '../admin/retry.js';
 import { getTask, listRuns, listTasks, runEdges, status } from '../admin/queries.js';
 import { RUN_STATES, TASK_STATES, type RunState, type TaskState } from '../model/states.js';
@@ -630,9 +632,35 @@ async function readStdin(): Promise<string> {
   return Buffer.concat(chunks).toString('utf8');
 }
 
+function registerGrants(program: Command, io: CliIo): void {
+  program
+    .command('grants')
+    .description(
+      'Print the SQL that gives each role exactly the privileges its part needs on schema outlive; run it as the role that ran migrate ' +
+        '(outlive grants ... | psql -v ON_ERROR_STOP=1 "$MIGRATOR_URL"). See docs/shared-database.md.',
+    )
+    .option('--app <role>', 'the role the app enqueues and starts runs as')
+    .option('--worker <role>', 'the role passes run as (the worker, the drain, the cron route)')
+    .option('--dashboard <role>', 'the role the dashboard and the inspecting commands run as')
+    .action((opts: { app?: string; worker?: string; dashboard?: string }) => {
+      if (opts.app === undefined && opts.worker === undefined && opts.dashboard === undefined) {
+        throw new CliError('name at least one role: --app <role>, --worker <role>, --dashboard <role>', EXIT.usage);
+      }
+      let sql: string;
+      try {
+        sql = grants(opts);
+      } catch (err) {
+        if (err instanceof ConfigError) throw new CliError(err.message.replace(/^outlive: /, ''), EXIT.usage);
+        throw err;
+      }
+      for (const line of lines(sql)) io.out(line);
+    });
+}
+
 /** Registers the commands that inspect and steer the rows. */
 function registerInspect(program: Command, io: CliIo): void {
   registerMigrate(program, io);
+  registerGrants(program, io);
   registerStatus(program, io);
   registerTasks(program, io);
   registerRuns(program, io);
