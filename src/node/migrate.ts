@@ -356,7 +356,7 @@ function hookKey(kind: string, table: string, name: string): string {
 }
 
 /** The triggers, rules and policies the migration files make on outlive's tables, each with the file's tag. */
-export function madeByMigrations(migrations: readonly Migration[]): Map<string, string> {
+function madeByMigrations(migrations: readonly Migration[]): Map<string, string> {
   const name = String.raw`("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)`;
   const table = String.raw`(?:"outlive"|outlive)\.${name}`;
   const patterns: [string, RegExp][] = [
