@@ -7,6 +7,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { enqueue, startRun, step, tick } from '../src/index.js';
+import { grants } from '../src/node/index.js';
 import { freshDb } from './support/db.js';
 import { explode, fixExplode, greet, tasks } from './fixtures/cli-tasks.js';
 
@@ -99,6 +100,19 @@ describe('outlive CLI', { timeout: 120_000 }, () => {
     await db.pool.query(`DELETE FROM outlive.tasks WHERE id = ANY($1::bigint[])`, [ids]);
   });
 
+  it('prints the grants of each role as SQL, the same as grants() returns; no role named is exit 2', async () => {
+    const r = await cli(['grants', '--app', 'shop_app', '--worker', 'shop_worker', '--dashboard', 'Shop Ops']);
+    expect(r.code, r.err).toBe(0);
+    expect(r.out).toBe(grants({ app: 'shop_app', worker: 'shop_worker', dashboard: 'Shop Ops' }));
+    expect(r.out).toContain('GRANT SELECT, INSERT, UPDATE, DELETE ON outlive.tasks TO "shop_worker";');
+    const none = await cli(['grants']);
+    expect(none.code).toBe(2);
+    expect(oneLine(none.err)).toBe('outlive: name at least one role: --app <role>, --worker <role>, --dashboard <role>');
+    const empty = await cli(['grants', '--app', '']);
+    expect(empty.code).toBe(2);
+    expect(oneLine(empty.err)).toMatch(/^outlive: grants: the app role must be a role's name of 1-63 bytes/);
+  });
+
   it('answers 3 for an unreachable database and 2 for a bad URL or usage, in one line', async () => {
     const down = await cli(['status', '--database-url', 'postgres://postgres@127.0.0.1:1/nothing']);
     expect(down.code).toBe(3);
@@ -165,6 +179,46 @@ describe('outlive CLI', { timeout: 120_000 }, () => {
     const after = JSON.parse((await cli(['task', failing.id, '--json', ...url])).out);
     expect(after).toMatchObject({ state: 'succeeded', output: { fixed: 'no disk' } });
     expect(after.errors).toHaveLength(1);
+  });
+
+  // Rows another role may write: names, queues, keys, errors and lease owners
+  // that no enqueue here would take, with a newline (a forged line), ESC and
+  // CSI sequences (which clear or retitle a terminal) and a bidi override.
+  it('prints what rows hold escaped: no control character or terminal escape reaches the terminal; --json keeps the text', async () => {
+    const odd = (label: string) => `${label}\u001b[2J\u009b31m\u202e\nFAKE: ok\u0007`;
+    const runId = (await db.rows<{ id: string }>(`INSERT INTO outlive.runs (name, unfinished, error) VALUES ($1, 1, $2) RETURNING id::text`, [odd('run'), odd('run error')]))[0]!.id;
+    const failedId = (await db.rows<{ id: string }>(
+      `INSERT INTO outlive.tasks (name, queue, input, max_attempts, timeout_ms, state, attempts, key, last_error, errors, finished_at)
+       VALUES ($1, $2, '{}', 1, 1000, 'failed', 1, $3, $4, jsonb_build_array(jsonb_build_object('attempt', 1, 'at', now(), 'name', $5::text, 'message', $4::text)), now())
+       RETURNING id::text`,
+      [odd('name'), odd('queue'), odd('key'), odd('error'), odd('ErrorName')],
+    ))[0]!.id;
+    const runningId = (await db.rows<{ id: string }>(
+      `INSERT INTO outlive.tasks (name, queue, input, max_attempts, timeout_ms, state, attempts, lease_owner, lease_expires_at, run_id, step)
+       VALUES ($1, 'default', '{}', 1, 1000, 'running', 1, $2, now() + interval '1 minute', $3, $4) RETURNING id::text`,
+      [odd('leased'), odd('owner'), runId, odd('step')],
+    ))[0]!.id;
+    const raw = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u202a-\u202e]/;
+    for (const args of [['status'], ['tasks'], ['runs'], ['task', failedId], ['task', runningId], ['run', runId]]) {
+      const r = await cli([...args, ...url]);
+      expect(r.code, r.err).toBe(0);
+      expect(r.out, args.join(' ')).not.toMatch(raw);
+      expect(r.out, args.join(' ')).not.toMatch(/^FAKE: ok/m);
+    }
+    const shown = (await cli(['task', failedId, ...url])).out;
+    expect(shown).toContain(`task ${failedId} name\\u001b[2J\\u009b31m\\u202e\\nFAKE: ok\\u0007: failed`);
+    expect(shown).toContain('  key key\\u001b[2J');
+    expect(shown).toMatch(/^ {2}attempt 1 at \S+: ErrorName\\u001b\[2J.*: error\\u001b\[2J\\u009b31m\\u202e\\nFAKE: ok\\u0007$/m);
+    expect((await cli(['task', runningId, ...url])).out).toContain('  leased by owner\\u001b[2J\\u009b31m\\u202e\\nFAKE: ok\\u0007 until');
+    expect((await cli(['run', runId, ...url])).out.split('\n')[0]).toBe(`run ${runId} "run\\u001b[2J\\u009b31m\\u202e\\nFAKE: ok\\u0007": running, 0 of 1 tasks done`);
+    // In a table cell whitespace is a space, as before; the escapes stay escaped.
+    expect((await cli(['tasks', '--state', 'failed', ...url])).out).toContain('name\\u001b[2J\\u009b31m\\u202e FAKE: ok\\u0007');
+    const json = await cli(['tasks', '--json', ...url]);
+    expect(json.out).not.toMatch(raw);
+    const listed = JSON.parse(json.out) as { id: string; name: string; lastError: string | null }[];
+    expect(listed.find((t) => t.id === failedId)).toMatchObject({ name: odd('name'), lastError: odd('error') });
+    await db.pool.query(`DELETE FROM outlive.runs WHERE id = $1`, [runId]);
+    await db.pool.query(`DELETE FROM outlive.tasks WHERE id = $1`, [failedId]);
   });
 
   it('lists tasks newest first by id as a number, across a power of ten', async () => {

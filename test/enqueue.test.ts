@@ -5,6 +5,7 @@ import { z } from 'zod';
 import { defineTask, enqueue, enqueueMany, InvalidEnqueueError, tick } from '../src/index.js';
 import { freshDb } from './support/db.js';
 import { countByState, taskRow } from './support/tasks.js';
+import { createRole } from './support/roles.js';
 
 const db = await freshDb();
 
@@ -221,5 +222,136 @@ describe('bad input gets a clear error and writes nothing', () => {
     const name = "'); DROP TABLE outlive.tasks; --";
     const t = await enqueue(db.pool, greet, { name }, { key: "k'; --" });
     expect((await taskRow(db.pool, t.id)).input).toEqual({ name });
+  });
+});
+
+describe('idempotency keys, each key written or found once', () => {
+  it('returns one entry per input in order: unkeyed and new keys written, taken keys found, repeated keys folded', async () => {
+    await clear();
+    const taken = await enqueue(db.pool, greet, { name: 'before' }, { key: 'k-taken' });
+    const inputs = [{ name: 'a' }, { name: 'k-taken' }, { name: 'b' }, { name: 'k-new' }, { name: 'c' }, { name: 'k-new' }, { name: 'k-taken' }];
+    const tasks = await enqueueMany(db.pool, greet, inputs, { key: (i) => (i.name.startsWith('k-') ? i.name : `${i.name}-${Math.random()}`) });
+    expect(tasks.map((t) => t.deduplicated)).toEqual([false, true, false, false, false, true, true]);
+    expect(tasks[1]!.id).toBe(taken.id);
+    expect(tasks[6]!.id).toBe(taken.id);
+    expect(tasks[5]!.id).toBe(tasks[3]!.id);
+    const rows = await db.rows<{ id: string; name: string }>(`SELECT id::text, input->>'name' AS name FROM outlive.tasks`);
+    const nameOf = new Map(rows.map((r) => [r.id, r.name]));
+    expect(tasks.map((t) => nameOf.get(t.id))).toEqual(['a', 'before', 'b', 'k-new', 'c', 'k-new', 'before']);
+    const unkeyed = await enqueueMany(db.pool, greet, [{ name: 'x' }, { name: 'y' }, { name: 'z' }]);
+    expect(unkeyed.map((t) => nameOf.get(t.id) ?? 'new')).toEqual(['new', 'new', 'new']);
+    expect(unkeyed.map((t) => t.id)).toEqual([...unkeyed.map((t) => t.id)].sort((a, b) => Number(a) - Number(b)));
+  });
+
+  it('writes the key again when the unfinished task that held it finishes between the insert and the read', async () => {
+    await clear();
+    const first = await enqueue(db.pool, greet, { name: 'first' }, { key: 'finishing' });
+    const client = await db.pool.connect();
+    let inserts = 0;
+    // The caller's client, as enqueue sees it: after the insert that found the
+    // key taken, the task holding it finishes, before enqueue reads it.
+    const racing = {
+      async query(text: string, params?: unknown[]) {
+        const result = await client.query(text, params);
+        if (/^\s*INSERT INTO outlive\.tasks/.test(text) && inserts++ === 0) {
+          await db.pool.query(`UPDATE outlive.tasks SET state = 'succeeded', finished_at = now() WHERE id = $1`, [first.id]);
+        }
+        return result;
+      },
+    };
+    try {
+      const second = await enqueue(racing as never, greet, { name: 'second' }, { key: 'finishing' });
+      expect(second).toMatchObject({ deduplicated: false, state: 'pending' });
+      expect(second.id).not.toBe(first.id);
+      expect(inserts).toBe(2);
+    } finally {
+      client.release();
+    }
+    expect(await db.rows(`SELECT input->>'name' AS name, state::text FROM outlive.tasks WHERE key = 'finishing' ORDER BY id`)).toEqual([
+      { name: 'first', state: 'succeeded' },
+      { name: 'second', state: 'pending' },
+    ]);
+  });
+});
+
+// The review's attack: when enqueue wrote ON CONFLICT DO UPDATE SET key =
+// excluded.key, a role that may only enqueue had to hold UPDATE on every
+// task's key, and with it cleared another writer's key; the next enqueue of
+// that key wrote a second charge. Here the role holds INSERT and SELECT only.
+describe('a role that may only INSERT and SELECT tasks', async () => {
+  const enqueuer = await createRole('enqueuer');
+  await db.pool.query(
+    `GRANT USAGE ON SCHEMA outlive TO ${enqueuer.name}; GRANT INSERT, SELECT ON outlive.tasks TO ${enqueuer.name}; GRANT USAGE ON SEQUENCE outlive.tasks_id_seq TO ${enqueuer.name}`,
+  );
+  const asEnqueuer = db.newPool({ connectionString: enqueuer.urlOn(db.directUrl), max: 25 });
+  // The role is dropped after the file, its idle sessions ended first.
+  asEnqueuer.on('error', () => undefined);
+  const charge = defineTask({ name: 'charge', input: z.object({ order: z.string() }), run: () => 'charged' });
+
+  it('enqueues, enqueues many and deduplicates, in its own transactions too', async () => {
+    await clear();
+    const [who] = (await asEnqueuer.query<{ u: string; s: boolean }>(`SELECT current_user AS u, usesuper AS s FROM pg_user WHERE usename = current_user`)).rows;
+    expect(who).toEqual({ u: enqueuer.name, s: false });
+    const first = await enqueue(asEnqueuer, charge, { order: 'o-1' }, { key: 'order-1' });
+    const again = await enqueue(asEnqueuer, charge, { order: 'o-1' }, { key: 'order-1' });
+    expect(again).toMatchObject({ id: first.id, deduplicated: true, state: 'pending' });
+    const many = await enqueueMany(asEnqueuer, charge, [{ order: 'o-1' }, { order: 'o-2' }, { order: 'o-2' }], { key: (i) => `order-${i.order.slice(2)}` });
+    expect(many.map((t) => [t.id === first.id, t.deduplicated])).toEqual([[true, true], [false, false], [false, true]]);
+    const client = await asEnqueuer.connect();
+    try {
+      await client.query('BEGIN');
+      const inTx = await enqueue(client, charge, { order: 'o-3' }, { key: 'order-3' });
+      expect(await enqueue(client, charge, { order: 'o-3' }, { key: 'order-3' })).toMatchObject({ id: inTx.id, deduplicated: true });
+      await client.query('COMMIT');
+    } finally {
+      client.release();
+    }
+    expect(await db.rows(`SELECT count(*)::int AS n FROM outlive.tasks`)).toEqual([{ n: 3 }]);
+  });
+
+  it('stays one row under 20 concurrent enqueues of one key, and takes the key when the first rolls back', async () => {
+    await clear();
+    const results = await Promise.all(
+      Array.from({ length: 20 }, async (_, i) => {
+        const c = await asEnqueuer.connect();
+        try {
+          await c.query('BEGIN');
+          const t = await enqueue(c, charge, { order: `c${i}` }, { key: 'race' });
+          await c.query('SELECT pg_sleep(0.01)');
+          await c.query('COMMIT');
+          return t;
+        } finally {
+          c.release();
+        }
+      }),
+    );
+    expect(new Set(results.map((r) => r.id)).size).toBe(1);
+    expect(results.filter((r) => !r.deduplicated)).toHaveLength(1);
+    const a = await asEnqueuer.connect();
+    const b = await asEnqueuer.connect();
+    try {
+      await a.query('BEGIN');
+      await enqueue(a, charge, { order: 'a' }, { key: 'rb' });
+      await b.query('BEGIN');
+      const fromB = enqueue(b, charge, { order: 'b' }, { key: 'rb' }); // waits on a's row
+      await new Promise((r) => setTimeout(r, 50));
+      await a.query('ROLLBACK');
+      expect(await fromB).toMatchObject({ deduplicated: false });
+      await b.query('COMMIT');
+    } finally {
+      a.release();
+      b.release();
+    }
+    expect(await db.rows(`SELECT input->>'order' AS o FROM outlive.tasks WHERE key = 'rb'`)).toEqual([{ o: 'b' }]);
+  });
+
+  it('cannot clear or delete another writer’s key, so its next enqueue of that key still finds the first charge', async () => {
+    await clear();
+    const theirs = await enqueue(db.pool, charge, { order: 'o-9' }, { key: 'order-9' });
+    await expect(asEnqueuer.query(`UPDATE outlive.tasks SET key = NULL WHERE key = 'order-9'`)).rejects.toThrow(/permission denied for table tasks/);
+    await expect(asEnqueuer.query(`DELETE FROM outlive.tasks WHERE key = 'order-9'`)).rejects.toThrow(/permission denied for table tasks/);
+    await expect(asEnqueuer.query(`INSERT INTO outlive.tasks (name, input, max_attempts, timeout_ms, key) VALUES ('charge', '{}', 1, 1000, 'order-9') ON CONFLICT (name, key) WHERE key IS NOT NULL AND state IN ('pending', 'running') DO UPDATE SET key = NULL`)).rejects.toThrow(/permission denied for table tasks/);
+    expect(await enqueue(asEnqueuer, charge, { order: 'o-9' }, { key: 'order-9' })).toMatchObject({ id: theirs.id, deduplicated: true });
+    expect(await db.rows(`SELECT count(*)::int AS n FROM outlive.tasks WHERE name = 'charge'`)).toEqual([{ n: 1 }]);
   });
 });

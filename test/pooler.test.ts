@@ -14,6 +14,7 @@ import { defineTask, enqueueMany, neonPool, startRun, step, tick, type TickRepor
 import { migrate, MIGRATIONS_FOLDER } from '../src/node/index.js';
 import { readMigrations } from '../src/node/migrate.js';
 import { emptyDatabase, freshDb } from './support/db.js';
+import { migrateUpTo } from './support/migrations.js';
 import { startWsProxy } from './support/ws-proxy.js';
 
 const db = await freshDb();
@@ -39,6 +40,25 @@ describe(`default options ${path}`, () => {
       expect(locks.rows).toEqual([]);
       await check.end();
     } finally {
+      await target.drop();
+    }
+  });
+
+  it('three concurrent migrates of a schema some releases behind queue on outlive.migrations: each missing migration is applied once, and no lock is left', async () => {
+    const target = await emptyDatabase();
+    const check = new pg.Client({ connectionString: target.directUrl });
+    await check.connect();
+    try {
+      await migrateUpTo(check, 8);
+      const all = readMigrations(MIGRATIONS_FOLDER);
+      const reports = await Promise.all([1, 2, 3].map(() => migrate(target.url, { lockTimeoutMs: 20_000 })));
+      expect(reports.map((r) => r.applied.length).sort()).toEqual([0, 0, all.length - 9]);
+      const { rows } = await check.query<{ hash: string }>('SELECT hash FROM outlive.migrations ORDER BY id');
+      expect(rows.map((r) => r.hash)).toEqual(all.map((m) => m.hash));
+      const locks = await check.query(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' OR relation = 'outlive.migrations'::regclass`);
+      expect(locks.rows).toEqual([]);
+    } finally {
+      await check.end();
       await target.drop();
     }
   });

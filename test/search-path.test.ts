@@ -377,8 +377,11 @@ describe('the functions outlive defines', () => {
 // the SQL in src/ read for names looked up on the path.
 describe('the SQL in src/', () => {
   it('names every function and operator with its schema (ARCHITECTURE.md, "Names in SQL")', () => {
-    // migrate() applies the migrations' own SQL, and batch.ts sends INSERT_TASKS of enqueue.ts.
-    expect(findingsIn('src', ['src/node/migrate.ts', 'src/write/batch.ts'])).toEqual([]);
+    // Not read here: migrate.ts, whose transaction pins its own path
+    // (SET LOCAL search_path = pg_catalog, pg_temp) before it sends anything,
+    // and grants.ts, whose GRANT lists (UPDATE (state, ...)) read to this
+    // check as calls. test/roles.test.ts runs both.
+    expect(findingsIn('src', ['src/node/migrate.ts', 'src/node/grants.ts'])).toEqual([]);
   });
 
   it('is read by a check that finds what the path would resolve', () => {

@@ -352,6 +352,22 @@ describe('the worker in this process (createWorker)', () => {
     expect(row!.last_slot).toBeInstanceOf(Date);
   });
 
+  it('logs a schedule name read from a row with its control characters escaped, never as a line of its own or a terminal escape', async () => {
+    const own = await freshDb();
+    // Written by another role: a name no defineSchedule would take.
+    const planted = 'gone\n\u001b[2Joutlive worker: stopped';
+    await own.pool.query(`INSERT INTO outlive.schedules (name, cron, timezone, task, next_slot) VALUES ($1, '0 * * * *', 'UTC', 'x', now() + interval '1 hour')`, [planted]);
+    const hourly = defineSchedule({ name: 'hourly', cron: '0 * * * *', task: defineTask({ name: 'hourly-task', input: z.object({}), run: () => null }), input: {} });
+    const log = memoryLog();
+    const worker = createWorker({ connectionString: own.url, listenConnectionString: own.directUrl, tasks: [], schedules: [hourly], retention: false, logger: log });
+    workers.push(worker);
+    await worker.start();
+    await log.waitFor(/removed/);
+    await worker.stop();
+    expect(log.lines).toContain('outlive worker: schedule "gone\\n\\u001b[2Joutlive worker: stopped" removed: it is no longer in the code');
+    expect(log.lines.join('')).not.toMatch(/[\u0000-\u001f\u007f-\u009f]/);
+  });
+
   it('aborts a task that outlives the grace period through its signal and hands its row back; a second stop shortens the grace', async () => {
     const own = await freshDb();
     let started = false;

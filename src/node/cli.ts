@@ -2,6 +2,7 @@
  * The `outlive` command line: what a person on call reaches for.
  *
  *   outlive migrate | status | tasks | runs | run <id> | task <id>
+ *   outlive grants --app <role> --worker <role> --dashboard <role>
  *   outlive retry task <id> | retry run <id> | cancel run <id>
  *   outlive enqueue <name> <json> --tasks ./dist/tasks.js
  *   outlive worker --tasks ./dist/tasks.js
@@ -15,6 +16,7 @@
  */
 import { formatIssues } from '../model/checks.js';
 import { isInputSchema, validate } from '../model/input-schema.js';
+import { printable, quoted } from '../model/printable.js';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
@@ -24,6 +26,7 @@ import { cancelRun } from '../admin/cancel.js';
 import { enqueue } from '../write/enqueue.js';
 import { explainRun, type ExplainedTask } from '../admin/explain.js';
 import { migrate, MIGRATIONS_FOLDER } from './migrate.js';
+import { grants } from './grants.js';
 import { retryRun, retryTask, type RetryReport } from '../admin/retry.js';
 import { getTask, listRuns, listTasks, runEdges, status } from '../admin/queries.js';
 import { RUN_STATES, TASK_STATES, type RunState, type TaskState } from '../model/states.js';
@@ -197,14 +200,30 @@ function registerWorker(program: Command, io: CliIo, signals: SignalSource, setE
     });
 }
 
+/**
+ * The CLI's output, each line escaped: task names, queues, keys, errors, lease
+ * owners and run names come from rows that other roles may have written, and
+ * a newline in one would forge a line, an escape sequence drive the
+ * operator's terminal. Commands write one line per call; what is meant to be
+ * several lines (help, JSON) is split first.
+ */
+function printableIo(io: CliIo): CliIo {
+  return { out: (line) => io.out(printable(line)), err: (line) => io.err(printable(line)) };
+}
+
+function lines(text: string): string[] {
+  return text.replace(/\n$/, '').split('\n');
+}
+
 /** Builds the program with every command registered. */
 export function createProgram(io: CliIo = processIo, signals: SignalSource = process, setExit: (code: number) => void = () => undefined): Command {
+  io = printableIo(io);
   const program = new Command('outlive')
     .description('Durable jobs and DAG runs for serverless TypeScript, kept in Postgres rows.')
     .exitOverride()
     .configureOutput({
-      writeOut: (s) => io.out(s.replace(/\n$/, '')),
-      writeErr: (s) => io.err(s.replace(/\n$/, '')),
+      writeOut: (s) => lines(s).forEach(io.out),
+      writeErr: (s) => lines(s).forEach(io.err),
       outputError: (s, write) => write(s.replace(/^error: /, 'outlive: ')),
     })
     .showSuggestionAfterError();
@@ -218,6 +237,7 @@ export function createProgram(io: CliIo = processIo, signals: SignalSource = pro
  * with the exit code. Every failure is reported as one line.
  */
 export async function main(args: readonly string[], io: CliIo = processIo, signals: SignalSource = process): Promise<number> {
+  io = printableIo(io);
   let code = 0;
   const program = createProgram(io, signals, (c) => (code = c));
   if (args.length === 0) {
@@ -311,7 +331,8 @@ async function withDb<T>(opts: DbOptions, fn: (pool: pg.Pool) => Promise<T>, nee
 
 /** Formats rows as an aligned text table. */
 export function table(headers: string[], rows: (string | number | null | undefined)[][]): string[] {
-  const cells = rows.map((r) => r.map((c) => (c === null || c === undefined ? '-' : String(c)).replace(/\s+/g, ' ')));
+  // Escaped before the widths are measured, so the columns stay aligned.
+  const cells = rows.map((r) => r.map((c) => printable((c === null || c === undefined ? '-' : String(c)).replace(/\s+/g, ' '))));
   const widths = headers.map((h, i) => Math.max(h.length, ...cells.map((r) => Math.min(r[i]!.length, 80))));
   const line = (r: string[]) =>
     r.map((c, i) => (c.length > 80 ? c.slice(0, 79) + '…' : c).padEnd(widths[i]!)).join('  ').trimEnd();
@@ -332,7 +353,8 @@ function ago(d: Date | null, now = new Date()): string | null {
 }
 
 function printJson(io: CliIo, value: unknown): void {
-  io.out(JSON.stringify(value, null, 2));
+  // JSON.stringify escapes newlines inside strings, so these are its own.
+  for (const line of JSON.stringify(value, null, 2).split('\n')) io.out(line);
 }
 
 function oneOf<S extends string>(what: string, allowed: readonly S[]) {
@@ -356,20 +378,14 @@ function registerMigrate(program: Command, io: CliIo): void {
       const url = parseUrl(opts.databaseUrl);
       const progress = (line: string) => (opts.json ? io.err(line) : io.out(line));
       progress(`outlive migrate: connecting to ${describeUrl(url)}`);
-      await withDb(opts, async (pool) => {
-        const count = async () => {
-          const [t] = (await pool.query<{ ok: boolean }>(`SELECT pg_catalog.to_regclass('outlive.migrations') IS NOT NULL AS ok`)).rows;
-          if (!t!.ok) return 0;
-          return (await pool.query<{ n: number }>(`SELECT pg_catalog.count(*)::int AS n FROM outlive.migrations`)).rows[0]!.n;
-        };
-        const before = await count();
-        progress(`outlive migrate: ${before} migration${before === 1 ? '' : 's'} applied so far; applying the rest from ${MIGRATIONS_FOLDER}`);
+      // Nothing of schema outlive is read before migrate has checked it: a
+      // planted view named outlive.migrations would run as the migrating role.
+      await withDb(opts, async () => {
+        progress(`outlive migrate: applying what is not applied yet from ${MIGRATIONS_FOLDER}`);
         const started = Date.now();
-        await migrate(url.toString());
-        const after = await count();
-        const applied = after - before;
-        if (opts.json) printJson(io, { applied, total: after, durationMs: Date.now() - started });
-        else io.out(`outlive migrate: done: ${applied} applied now, ${after} in all (${Date.now() - started} ms)`);
+        const { applied, total } = await migrate(url.toString());
+        if (opts.json) printJson(io, { applied: applied.length, total, durationMs: Date.now() - started });
+        else io.out(`outlive migrate: done: ${applied.length} applied now, ${total} in all (${Date.now() - started} ms)`);
       }, false);
     });
 }
@@ -385,7 +401,7 @@ function registerStatus(program: Command, io: CliIo): void {
         io.out(`runs:   ${RUN_STATES.map((st) => `${st} ${s.runs[st]}`).join(', ')}`);
         io.out(`oldest ready task: ${s.oldestReadyMs === null ? 'none waiting' : `due ${duration(s.oldestReadyMs)} ago`}`);
         io.out(`failed in the last hour: ${s.failedLastHour}`);
-        for (const u of s.unrunnable) io.out(`not runnable: ${u.ready} ready "${u.name}" task(s): ${u.why}`);
+        for (const u of s.unrunnable) io.out(`not runnable: ${u.ready} ready ${quoted(u.name)} task(s): ${u.why}`);
         if (s.queues.length > 0) {
           io.out('');
           for (const l of table(['queue', ...TASK_STATES], s.queues.map((q) => [q.queue, ...TASK_STATES.map((st) => q.counts[st])]))) io.out(l);
@@ -483,7 +499,7 @@ function registerRun(program: Command, io: CliIo): void {
         const edges = await runEdges(pool, runId);
         if (opts.json) return printJson(io, { ...run, edges });
         const done = run.tasks.filter((t) => t.state !== 'pending' && t.state !== 'running').length;
-        io.out(`run ${run.id} "${run.name}": ${run.state}, ${done} of ${run.tasks.length} tasks done`);
+        io.out(`run ${run.id} ${quoted(run.name)}: ${run.state}, ${done} of ${run.tasks.length} tasks done`);
         io.out(`  ${TASK_STATES.filter((s) => run.counts[s]).map((s) => `${s} ${run.counts[s]}`).join(', ') || 'no tasks'}`);
         if (run.error) io.out(`  error: ${run.error}`);
         for (const { task, last } of runTree(run.tasks, edges)) {
@@ -619,9 +635,35 @@ async function readStdin(): Promise<string> {
   return Buffer.concat(chunks).toString('utf8');
 }
 
+function registerGrants(program: Command, io: CliIo): void {
+  program
+    .command('grants')
+    .description(
+      'Print the SQL that gives each role exactly the privileges its part needs on schema outlive; run it as the role that ran migrate ' +
+        '(outlive grants ... | psql -v ON_ERROR_STOP=1 "$MIGRATOR_URL"). See docs/shared-database.md.',
+    )
+    .option('--app <role>', 'the role the app enqueues and starts runs as')
+    .option('--worker <role>', 'the role passes run as (the worker, the drain, the cron route)')
+    .option('--dashboard <role>', 'the role the dashboard and the inspecting commands run as')
+    .action((opts: { app?: string; worker?: string; dashboard?: string }) => {
+      if (opts.app === undefined && opts.worker === undefined && opts.dashboard === undefined) {
+        throw new CliError('name at least one role: --app <role>, --worker <role>, --dashboard <role>', EXIT.usage);
+      }
+      let sql: string;
+      try {
+        sql = grants(opts);
+      } catch (err) {
+        if (err instanceof ConfigError) throw new CliError(err.message.replace(/^outlive: /, ''), EXIT.usage);
+        throw err;
+      }
+      for (const line of lines(sql)) io.out(line);
+    });
+}
+
 /** Registers the commands that inspect and steer the rows. */
 function registerInspect(program: Command, io: CliIo): void {
   registerMigrate(program, io);
+  registerGrants(program, io);
   registerStatus(program, io);
   registerTasks(program, io);
   registerRuns(program, io);

@@ -11,6 +11,7 @@
  * Node only: it needs a socket that stays open, which Workers do not keep.
  */
 import { checkWhole } from '../model/checks.js';
+import { printable, quoted } from '../model/printable.js';
 import { setMaxListeners } from 'node:events';
 import pg from 'pg';
 import { CLAIM_FUNCTION } from '../pass/claim.js';
@@ -135,6 +136,14 @@ const consoleLogger: WorkerLogger = {
   error: (m) => console.error(m),
 };
 
+function printableLogger(logger: WorkerLogger): WorkerLogger {
+  return {
+    info: (m) => logger.info(printable(m)),
+    warn: (m) => logger.warn(printable(m)),
+    error: (m) => logger.error(printable(m)),
+  };
+}
+
 function whole(name: string, value: number | undefined, fallback: number, min = 1): number {
   return checkWhole(`worker option ${name}`, value ?? fallback, { min });
 }
@@ -189,7 +198,9 @@ export function createWorker(options: WorkerOptions): Worker {
   const listen = options.listen ?? true;
   const applicationName = options.applicationName ?? 'outlive-listener';
   const queues = options.queues ? options.queues.map((q) => checkName('queue', q)) : undefined;
-  const log = options.logger ?? consoleLogger;
+  // Schedule names read from rows, and errors quoting them, may hold control
+  // characters that would forge a log line or drive a terminal: escaped.
+  const log = printableLogger(options.logger ?? consoleLogger);
   const owner = options.owner ?? 'worker';
 
   const stats: WorkerStats = {
@@ -372,9 +383,9 @@ export function createWorker(options: WorkerOptions): Worker {
 
   function report(r: EnqueueDueReport): void {
     stats.scheduled += r.enqueued.length;
-    for (const name of r.added) log.info(`outlive worker: schedule "${name}" added`);
-    for (const name of r.changed) log.info(`outlive worker: schedule "${name}" changed`);
-    for (const name of r.removed) log.info(`outlive worker: schedule "${name}" removed: it is no longer in the code`);
+    for (const name of r.added) log.info(`outlive worker: schedule ${quoted(name)} added`);
+    for (const name of r.changed) log.info(`outlive worker: schedule ${quoted(name)} changed`);
+    for (const name of r.removed) log.info(`outlive worker: schedule ${quoted(name)} removed: it is no longer in the code`);
     if (r.skipped > 0) log.warn(`outlive worker: skipped ${r.skipped} missed schedule slot(s)`);
     if (r.enqueued.length > 0) {
       // The NOTIFY of the enqueue wakes the pass too; this covers listen: false.

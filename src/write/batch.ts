@@ -17,17 +17,40 @@
  * const task = enqueuedFrom(chargeCard, queued);
  * ```
  *
- * The statement is the one `enqueue` runs, and its row is checked by the
- * same function (`prepareRow`: input, options and key, before anything is
- * sent), so the two cannot drift apart.
+ * The statement is the insert `enqueue` runs, with the unfinished row of a
+ * key already taken read in the same statement, and its row is checked by
+ * the same function (`prepareRow`: input, options and key, before anything
+ * is sent), so the two cannot drift apart.
  * A batch has no way to pass one query's result to the next: the input must
  * be known before the batch is sent (generate ids in the app, as above).
  */
 import { INSERT_TASKS, insertParams, type EnqueuedTask } from './enqueue.js';
+import { OutliveError } from '../model/errors.js';
 import { prepareRow, type EnqueueOptions } from '../model/row.js';
 import { toStatementSql, type StatementSql } from '../db/executor.js';
 import type { AnyTask, TaskInput } from '../model/task.js';
 import type { TaskState } from '../model/states.js';
+
+// A batch has no second statement to find the row of a key already taken,
+// so this one does both: the insert, and where it wrote nothing, the
+// unfinished row of the key, read with the statement's snapshot. That finds
+// the row whenever its transaction committed before the batch's statement
+// began, which is every case but a race: if the key's row was being written
+// by a transaction still open when this statement began, the insert waits
+// for that one to commit and then skips, and this snapshot cannot see that
+// row. The last branch says so with a row of nulls, and enqueuedFrom
+// explains it (see there).
+const BATCH_ENQUEUE_SQL = `
+WITH written AS (${INSERT_TASKS}
+), found AS (
+  SELECT t.id::text, t.queue, t.state::text, t.run_at FROM outlive.tasks t
+  WHERE NOT EXISTS (SELECT FROM written) AND t.name OPERATOR(pg_catalog.=) $1
+    AND t.key OPERATOR(pg_catalog.=) ANY ($9::text[]) AND t.key IS NOT NULL
+    AND t.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])
+)
+SELECT id, queue, state, run_at, true AS inserted FROM written
+UNION ALL SELECT id, queue, state, run_at, false FROM found
+UNION ALL SELECT NULL, NULL, NULL, NULL, false WHERE NOT EXISTS (SELECT FROM written) AND NOT EXISTS (SELECT FROM found)`;
 
 /**
  * Builds the statement that enqueues one task, as drizzle's `execute` takes
@@ -38,7 +61,7 @@ import type { TaskState } from '../model/states.js';
  */
 export function enqueueSql<T extends AnyTask>(task: T, input: TaskInput<T>, options: EnqueueOptions = {}): StatementSql {
   const row = prepareRow(task, input, options.key === undefined ? null : { key: options.key }, options);
-  return toStatementSql(INSERT_TASKS, insertParams(row.options, [row.input], [row.key]));
+  return toStatementSql(BATCH_ENQUEUE_SQL, insertParams(row.options, [row.input], [row.key]));
 }
 
 /** A drizzle database whose `execute` makes a query that `db.batch` accepts (neon-http, and others). */
@@ -63,7 +86,7 @@ export function batchEnqueue<D extends BatchingDatabase, T extends AnyTask>(
 }
 
 interface ReturnedRow {
-  id: string;
+  id: string | null;
   queue: string;
   state: TaskState;
   run_at: string | Date;
@@ -86,12 +109,28 @@ function toDate(value: string | Date): Date {
  * Reads what a {@link batchEnqueue} item returned (its entry in the array
  * `db.batch` resolves with, or an `execute` result) as the task it wrote, or
  * the unfinished task with the same key that it found instead.
+ *
+ * Throws an {@link OutliveError} in one race: the key's task was being
+ * enqueued by another transaction, which committed while this batch waited
+ * for it, so the batch wrote nothing and its one statement could not read
+ * that task. The batch has committed, and the key has its one task; to get
+ * it, `enqueue(db, task, input, { key })` returns it (deduplicated). An error
+ * rather than a result without an id: every caller would have to handle a
+ * missing id for a case that almost never comes, and most would not notice
+ * it had.
  */
 export function enqueuedFrom(task: AnyTask, result: unknown): EnqueuedTask {
   const rows = (Array.isArray(result) ? result : (result as { rows?: unknown })?.rows) as ReturnedRow[] | undefined;
   const row = Array.isArray(rows) ? rows[0] : undefined;
   if (!row || typeof row !== 'object' || !('id' in row)) {
     throw new TypeError('outlive: enqueuedFrom expects the result of a batchEnqueue item');
+  }
+  if (row.id === null) {
+    throw new OutliveError(
+      `outlive: enqueuedFrom: this batch enqueued no "${task.name}" task: an enqueue of the same key by another transaction committed ` +
+        'while the batch waited for it, and the batch could not read that task. The batch has committed and the key has its one task; ' +
+        'enqueue(db, task, input, { key }) returns it (deduplicated)',
+    );
   }
   return {
     id: String(row.id),

@@ -9,6 +9,7 @@ import { toExecutor, type Transactional } from '../db/executor.js';
 import { fail, prepareOptions, prepareRow, type EnqueueManyOptions, type EnqueueOptions, type Prepared } from '../model/row.js';
 import type { AnyTask, TaskInput } from '../model/task.js';
 import type { TaskState } from '../model/states.js';
+import { OutliveError } from '../model/errors.js';
 
 /** The row an enqueue wrote, or found under the same key. */
 export interface EnqueuedTask {
@@ -28,10 +29,14 @@ export function insertParams(p: Prepared, inputs: readonly string[], keys: reado
 
 // One statement for one task or a hundred thousand: the inputs travel as
 // arrays and unnest into rows. ON CONFLICT names the partial unique index on
-// (name, key) of unfinished tasks; DO UPDATE (rather than DO NOTHING) makes
-// the existing row come back in RETURNING, locked, so a concurrent enqueue of
-// the same key either waits for the first transaction and returns its row, or
-// (if that one rolled back) inserts its own.
+// (name, key) of unfinished tasks. DO NOTHING, not DO UPDATE: an update,
+// even of key to itself, would need UPDATE on outlive.tasks, and a role that
+// may only enqueue would then also be able to clear another writer's key
+// (docs/shared-database.md). DO NOTHING still waits for a conflicting insert
+// in progress: if that transaction commits, the row is skipped here and
+// found by UNFINISHED_BY_KEY; if it rolls back, the row is inserted here.
+// RETURNING gives the inserted rows only, in input order. (ROWS FROM is
+// what unnest(a, b) stands for; only the unqualified name has that form.)
 //
 // The inputs travel as text[] and become jsonb row by row, not as jsonb[]:
 // Postgres parses a jsonb[] parameter element by element into one memory
@@ -47,27 +52,67 @@ SELECT $1, $2, $3, $4, $5, coalesce($6::timestamptz, pg_catalog.now()) OPERATOR(
        i.input::jsonb, i.key
 FROM ROWS FROM (pg_catalog.unnest($8::text[]), pg_catalog.unnest($9::text[])) AS i(input, key)
 ON CONFLICT (name, key) WHERE key IS NOT NULL AND state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])
-DO UPDATE SET key = excluded.key
-RETURNING id::text, queue, state::text, run_at, (xmax OPERATOR(pg_catalog.=) 0) AS inserted`;
+DO NOTHING
+RETURNING id::text, queue, state::text, run_at, key`;
 
-interface InsertedRow {
+// The unfinished rows of keys INSERT_TASKS skipped. A statement of its own:
+// in READ COMMITTED a row that another transaction committed while the
+// insert waited for it is not in the insert's snapshot, but is in this one's.
+export const UNFINISHED_BY_KEY = `
+SELECT id::text, queue, state::text, run_at, key FROM outlive.tasks
+WHERE name OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) ANY ($2::text[]) AND key IS NOT NULL
+  AND state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])`;
+
+/**
+ * How many times an enqueue looks again for keys whose unfinished row it
+ * neither wrote nor found: each round, such a row finished between the
+ * insert that saw it and the read that looked for it.
+ */
+const ROUNDS = 10;
+
+interface WrittenRow {
   id: string;
   queue: string;
   state: TaskState;
   run_at: Date;
-  inserted: boolean;
+  key: string | null;
 }
 
+function toTask(p: Prepared, r: WrittenRow, deduplicated: boolean): EnqueuedTask {
+  return { id: r.id, name: p.name, queue: r.queue, state: r.state, runAt: new Date(r.run_at), deduplicated };
+}
+
+/**
+ * Writes the rows (keys distinct), returning one task per row in order. The
+ * common case, no key or no key taken, is the one INSERT_TASKS statement.
+ */
 async function insertRows(tx: Transactional, p: Prepared, inputs: string[], keys: (string | null)[]): Promise<EnqueuedTask[]> {
-  const rows = await toExecutor(tx).query<InsertedRow>(INSERT_TASKS, insertParams(p, inputs, keys));
-  return rows.map((r) => ({
-    id: r.id,
-    name: p.name,
-    queue: r.queue,
-    state: r.state,
-    runAt: new Date(r.run_at),
-    deduplicated: !r.inserted,
-  }));
+  const db = toExecutor(tx);
+  const written = await db.query<WrittenRow>(INSERT_TASKS, insertParams(p, inputs, keys));
+  const out: (EnqueuedTask | undefined)[] = new Array(inputs.length);
+  // RETURNING keeps the input's order: unkeyed rows are matched by it, keyed rows by their key.
+  const slotOfKey = new Map<string, number>();
+  const unkeyed: number[] = [];
+  keys.forEach((k, i) => (k === null ? unkeyed.push(i) : slotOfKey.set(k, i)));
+  let next = 0;
+  for (const r of written) out[r.key === null ? unkeyed[next++]! : slotOfKey.get(r.key)!] = toTask(p, r, false);
+  let missing = keys.flatMap((k, i) => (out[i] === undefined ? [i] : []));
+  for (let round = 0; missing.length > 0; round++) {
+    if (round === ROUNDS) {
+      throw new OutliveError(
+        `outlive: enqueue of "${p.name}": ${missing.length} key(s) kept being taken by unfinished tasks that finished before they could be read, ${ROUNDS} times; enqueue again`,
+      );
+    }
+    const found = await db.query<WrittenRow>(UNFINISHED_BY_KEY, [p.name, missing.map((i) => keys[i])]);
+    for (const r of found) out[slotOfKey.get(r.key!)!] = toTask(p, r, true);
+    missing = missing.filter((i) => out[i] === undefined);
+    if (missing.length === 0) break;
+    // Those rows finished in between, freeing their keys: write them again.
+    const again = await db.query<WrittenRow>(INSERT_TASKS, insertParams(p, missing.map((i) => inputs[i]!), missing.map((i) => keys[i]!)));
+    for (const r of again) out[slotOfKey.get(r.key!)!] = toTask(p, r, false);
+    missing = missing.filter((i) => out[i] === undefined);
+  }
+  return out as EnqueuedTask[];
 }
 
 /**
@@ -111,8 +156,8 @@ export async function enqueueMany<T extends AnyTask>(
   if (!Array.isArray(inputs)) fail(task, 'enqueueMany takes an array of inputs');
   const json: string[] = [];
   const keys: (string | null)[] = [];
-  // A statement may not touch one row twice through ON CONFLICT, so inputs
-  // sharing a key are folded into one row here and mapped back afterwards.
+  // Inputs sharing a key are folded into one row here and mapped back
+  // afterwards: each key is written or found once.
   const slotOf: number[] = [];
   const repeated = new Set<number>();
   const slotByKey = new Map<string, number>();

@@ -7,6 +7,7 @@
 import { neon, neonConfig } from '@neondatabase/serverless';
 import { drizzle } from 'drizzle-orm/neon-http';
 import { drizzle as drizzlePg } from 'drizzle-orm/node-postgres';
+import { sql } from 'drizzle-orm';
 import { pgTable, text, uuid } from 'drizzle-orm/pg-core';
 import { afterAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
@@ -14,11 +15,12 @@ import { batchEnqueue, enqueuedFrom } from '../../src/write/batch.js';
 import { enqueue, enqueueMany } from '../../src/write/enqueue.js';
 import { startRun } from '../../src/write/start-run.js';
 import { step } from '../../src/model/step.js';
-import { InvalidEnqueueError } from '../../src/model/errors.js';
+import { InvalidEnqueueError, OutliveError } from '../../src/model/errors.js';
 import { defineTask } from '../../src/model/task.js';
 import { tick } from '../../src/pass/tick.js';
 import { freshDb } from '../support/db.js';
-import { roleUrl } from '../support/functions-db.js';
+import { roleUrl, waitFor } from '../support/functions-db.js';
+import { createRole } from '../support/roles.js';
 import { neonUrl, startNeonHttp } from '../support/neon-http.js';
 import { taskRow } from '../support/tasks.js';
 
@@ -43,8 +45,13 @@ const welcome = defineTask({
   },
 });
 
-async function count(sql: string, params: unknown[] = []): Promise<number> {
-  return (await db.rows<{ n: number }>(sql, params))[0]!.n;
+async function count(text: string, params: unknown[] = []): Promise<number> {
+  return (await db.rows<{ n: number }>(text, params))[0]!.n;
+}
+
+/** Waits until a session of the test database waits for a lock (the batch, for the open transaction's row). */
+async function waitForLockWait(): Promise<void> {
+  await waitFor(async () => (await count(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)) > 0, 10_000, 'the batch to wait');
 }
 
 describe('batchEnqueue in a neon-http db.batch', () => {
@@ -106,6 +113,60 @@ describe('batchEnqueue in a neon-http db.batch', () => {
     expect(a.deduplicated).toBe(false);
     expect(b).toMatchObject({ id: a.id, deduplicated: true });
     expect(await count(`SELECT count(*)::int AS n FROM outlive.tasks WHERE key = $1`, [key])).toBe(1);
+  });
+
+  it('waits for a transaction still writing the key’s task: writes its own row if that one rolls back; if it commits, enqueuedFrom says the batch could not read that task', async () => {
+    const id = crypto.randomUUID();
+    const key = `race-${id}`;
+    const first = await db.pool.connect();
+    try {
+      // Rolled back: the batch, which waited for it, writes the key's row itself.
+      await first.query('BEGIN');
+      await enqueue(first, welcome, { signupId: id }, { key });
+      const waiting = http.batch([batchEnqueue(http, welcome, { signupId: id }, { key })]);
+      await waitForLockWait();
+      await first.query('ROLLBACK');
+      const [mine] = await waiting;
+      expect(enqueuedFrom(welcome, mine)).toMatchObject({ deduplicated: false });
+      await db.pool.query(`UPDATE outlive.tasks SET state = 'cancelled' WHERE key = $1`, [key]);
+
+      // Committed: the batch's statement cannot read that row; enqueuedFrom says so, and what returns it.
+      await first.query('BEGIN');
+      const theirs = await enqueue(first, welcome, { signupId: id }, { key });
+      const blocked = http.batch([http.insert(signups).values({ id, email: `${id}@example.com` }), batchEnqueue(http, welcome, { signupId: id }, { key })]);
+      await waitForLockWait();
+      await first.query('COMMIT');
+      const [, none] = await blocked;
+      expect(() => enqueuedFrom(welcome, none)).toThrow(
+        /^outlive: enqueuedFrom: this batch enqueued no "welcome" task: an enqueue of the same key by another transaction committed while the batch waited for it.*The batch has committed and the key has its one task; enqueue\(db, task, input, \{ key \}\) returns it \(deduplicated\)$/,
+      );
+      expect(() => enqueuedFrom(welcome, none)).toThrow(OutliveError);
+      expect(await count(`SELECT count(*)::int AS n FROM signups WHERE id = $1`, [id])).toBe(1);
+      expect(await enqueue(http, welcome, { signupId: id }, { key })).toMatchObject({ id: theirs.id, deduplicated: true });
+      expect(await count(`SELECT count(*)::int AS n FROM outlive.tasks WHERE key = $1 AND state = 'pending'`, [key])).toBe(1);
+    } finally {
+      first.release();
+    }
+  });
+
+  it('enqueues and deduplicates as a role that may only INSERT and SELECT tasks', async () => {
+    const enqueuer = await createRole('batcher');
+    await db.pool.query(
+      `GRANT USAGE ON SCHEMA outlive TO ${enqueuer.name}; GRANT INSERT, SELECT ON outlive.tasks TO ${enqueuer.name}; ` +
+        `GRANT USAGE ON SEQUENCE outlive.tasks_id_seq TO ${enqueuer.name}; GRANT INSERT ON signups TO ${enqueuer.name}`,
+    );
+    const u = new URL(enqueuer.urlOn(db.directUrl));
+    u.password = 'any'; // Neon's proxy wants one; the test server trusts 127.0.0.1
+    const asEnqueuer = drizzle(neon(neonUrl(u.toString())));
+    const id = crypto.randomUUID();
+    const key = `role-${id}`;
+    const [, a] = await asEnqueuer.batch([asEnqueuer.insert(signups).values({ id, email: `${id}@example.com` }), batchEnqueue(asEnqueuer, welcome, { signupId: id }, { key })]);
+    const [b] = await asEnqueuer.batch([batchEnqueue(asEnqueuer, welcome, { signupId: id }, { key })]);
+    expect(enqueuedFrom(welcome, a).deduplicated).toBe(false);
+    expect(enqueuedFrom(welcome, b)).toMatchObject({ id: enqueuedFrom(welcome, a).id, deduplicated: true });
+    // drizzle wraps the server's error.
+    const refused = await asEnqueuer.execute(sql`UPDATE outlive.tasks SET key = NULL WHERE key = ${key}`).then(() => null, (e: Error) => e);
+    expect((refused?.cause as Error | undefined)?.message).toMatch(/permission denied for table tasks/);
   });
 
   it('passes runAt and delayMs through, computed on the database clock', async () => {
