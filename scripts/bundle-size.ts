@@ -16,6 +16,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { gzipSync } from 'node:zlib';
 import { build, type Metafile } from 'esbuild';
+import { WORKERD_BUILD } from './local/bundle.js';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 
@@ -61,17 +62,12 @@ const sendWelcome = defineTask({ name: 'send-welcome', input, run: async ({ emai
 export default createCloudflareWorker(() => [sendWelcome]);
 `;
   const result = await build({
+    ...WORKERD_BUILD,
+    conditions: [...WORKERD_BUILD.conditions],
+    mainFields: [...WORKERD_BUILD.mainFields],
     stdin: { contents, resolveDir: root, sourcefile: `worker-${library}.ts`, loader: 'ts' },
-    bundle: true,
-    format: 'esm',
-    platform: 'neutral',
-    conditions: ['outlive-source', 'workerd', 'worker', 'browser'],
-    mainFields: ['module', 'main'],
-    target: 'es2022',
     minify: options.minify ?? true,
-    write: false,
     metafile: true,
-    logLevel: 'silent',
   });
   return { code: result.outputFiles[0]!.text, metafile: result.metafile };
 }

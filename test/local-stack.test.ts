@@ -7,20 +7,12 @@
  * dashboard behind its token, and stop on Ctrl-C leaving no process behind.
  */
 import { spawn } from 'node:child_process';
-import { createServer, type AddressInfo } from 'node:net';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { freshDb } from './support/db.js';
+import { freePort } from './support/postgres.js';
 import { waitFor } from './support/functions-db.js';
 import { ROOT } from './support/packed.js';
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as AddressInfo;
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 /** Pids of the processes whose parent is `pid`, from /proc. */
 async function childrenOf(pid: number): Promise<number[]> {

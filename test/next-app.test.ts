@@ -13,12 +13,12 @@
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, describe, expect, it } from 'vitest';
 import { freshDb } from './support/db.js';
+import { freePort } from './support/postgres.js';
 import { roleUrl, waitFor } from './support/functions-db.js';
 import { packedTarball, ROOT } from './support/packed.js';
 import { taskRow } from './support/tasks.js';
@@ -74,14 +74,6 @@ async function builtApp(tarball: string): Promise<string> {
   } finally {
     rmSync(lock, { recursive: true, force: true });
   }
-}
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as AddressInfo;
-  await new Promise((resolve) => server.close(resolve));
-  return port;
 }
 
 const db = await freshDb();

@@ -12,7 +12,7 @@
 import { builtinModules } from 'node:module';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { build, type Plugin } from 'esbuild';
+import { build, type BuildOptions, type Plugin } from 'esbuild';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 
@@ -54,6 +54,22 @@ export const nodeBuiltins: Plugin = {
   },
 };
 
+/**
+ * How Wrangler bundles a Worker: one ES module for workerd's conditions,
+ * with `outlive/...` resolved to this repository's sources (package.json's
+ * exports).
+ */
+export const WORKERD_BUILD = {
+  bundle: true,
+  format: 'esm',
+  platform: 'neutral',
+  conditions: ['outlive-source', 'workerd', 'worker', 'browser'],
+  mainFields: ['module', 'main'],
+  target: 'es2022',
+  write: false,
+  logLevel: 'silent',
+} as const satisfies BuildOptions;
+
 /** The Worker's bundled source, for Miniflare's `script`. */
 export async function bundleWorker(options: BundleOptions = {}): Promise<string> {
   const entry = path.join(root, WORKER_ENTRIES[options.entry ?? 'hyperdrive']);
@@ -65,19 +81,7 @@ export async function bundleWorker(options: BundleOptions = {}): Promise<string>
       b.onResolve({ filter: /^\.\/tasks\.js$/ }, (args) => (args.importer === entry ? { path: tasks } : undefined));
     },
   };
-  const result = await build({
-    entryPoints: [entry],
-    bundle: true,
-    format: 'esm',
-    platform: 'neutral',
-    // `outlive/...` resolves to this repository's sources (package.json's exports).
-    conditions: ['outlive-source', 'workerd', 'worker', 'browser'],
-    mainFields: ['module', 'main'],
-    target: 'es2022',
-    write: false,
-    plugins: [swap, nodeBuiltins],
-    logLevel: 'silent',
-  });
+  const result = await build({ ...WORKERD_BUILD, conditions: [...WORKERD_BUILD.conditions], mainFields: [...WORKERD_BUILD.mainFields], entryPoints: [entry], plugins: [swap, nodeBuiltins] });
   return result.outputFiles[0]!.text;
 }
 
