@@ -14,7 +14,7 @@
  */
 import { checkWhole } from '../model/checks.js';
 import { Client, Pool, type ClientConfig } from '@neondatabase/serverless';
-import { ConfigError } from '../model/errors.js';
+import { ConfigError, toError } from '../model/errors.js';
 
 /** Options of {@link neonPool}. */
 export interface NeonPoolOptions {
@@ -52,6 +52,26 @@ function parseProxy(proxy: string): { address: string; secure: boolean } {
   return { address, secure: match?.[1] === 'wss' };
 }
 
+/** Where a pool connects, for an error: host and port (never the user or password), and the proxy. */
+function describeTarget(connectionString: string, proxy: string | undefined): string {
+  let where = 'the database';
+  try {
+    const u = new URL(connectionString);
+    where = `${u.hostname}:${u.port || 5432}`;
+  } catch {
+    // Not a URL: the driver will say so itself.
+  }
+  return proxy ? `${where} through ${proxy}` : where;
+}
+
+/** An Error for a failed connect: kept when it says something, made to say what was being opened when not. */
+function explainConnect(err: unknown, target: string): Error {
+  if (err instanceof Error && err.message !== '') return err;
+  const said = toError(err).message;
+  const why = /^non-Error thrown: an? \w+$/.test(said) || said === '' ? 'the runtime gave no reason' : said;
+  return new Error(`outlive: could not open a WebSocket to ${target}: ${why}`, { cause: err });
+}
+
 /**
  * Opens a Neon serverless `Pool` for one invocation. Nothing connects until
  * the first query. Close it with `pool.end()` when the invocation is done
@@ -80,26 +100,34 @@ export function neonPool(options: NeonPoolOptions): Pool {
     max,
     connectionTimeoutMillis: options.connectionTimeoutMillis ?? 10_000,
   });
-  if (proxy || webSocketConstructor) {
-    // The pool makes its clients with `new this.Client(options)`; this class
-    // configures each one as it is made.
-    class ConfiguredClient extends Client {
-      constructor(config?: string | ClientConfig) {
-        super(config);
-        const c = this.neonConfig;
-        if (webSocketConstructor) c.webSocketConstructor = webSocketConstructor as typeof c.webSocketConstructor;
-        if (proxy) {
-          c.wsProxy = (host, port) => `${proxy.address}?address=${host}:${port}`;
-          c.useSecureWebSocket = proxy.secure;
-          // Pipelining the password with the startup message works only with
-          // Neon's cleartext-password handshake; a plain Postgres may ask for
-          // SCRAM or nothing at all.
-          c.pipelineConnect = false;
-          c.pipelineTLS = false;
-        }
+  const target = describeTarget(options.connectionString, proxy?.address);
+  // The pool makes its clients with `new this.Client(options)`; this class
+  // configures each one as it is made.
+  class ConfiguredClient extends Client {
+    constructor(config?: string | ClientConfig) {
+      super(config);
+      const c = this.neonConfig;
+      if (webSocketConstructor) c.webSocketConstructor = webSocketConstructor as typeof c.webSocketConstructor;
+      if (proxy) {
+        c.wsProxy = (host, port) => `${proxy.address}?address=${host}:${port}`;
+        c.useSecureWebSocket = proxy.secure;
+        // Pipelining the password with the startup message works only with
+        // Neon's cleartext-password handshake; a plain Postgres may ask for
+        // SCRAM or nothing at all.
+        c.pipelineConnect = false;
+        c.pipelineTLS = false;
       }
     }
-    pool.Client = ConfiguredClient;
+
+    // A WebSocket that cannot open fails with an Event, not an Error, and on
+    // Node 24 one with no message at all: say what was being opened.
+    override connect(callback?: (err?: Error) => void): Promise<void> {
+      if (callback) return super.connect((err?: Error) => callback(err ? explainConnect(err, target) : err)) as unknown as Promise<void>;
+      return super.connect().catch((err: unknown) => {
+        throw explainConnect(err, target);
+      });
+    }
   }
+  pool.Client = ConfiguredClient;
   return pool;
 }

@@ -74,7 +74,7 @@ export function toError(thrown: unknown): Error {
     if (typeof o.code === 'string' || typeof o.code === 'number') Object.assign(err, { code: o.code });
     return err;
   }
-  if (kind) return new Error(`non-Error thrown: a ${kind}`);
+  if (kind) return new Error(`non-Error thrown: ${/^[aeiou]/i.test(kind) ? 'an' : 'a'} ${kind}`);
   let text: string;
   try {
     text = JSON.stringify(thrown) ?? String(thrown);

@@ -5,6 +5,7 @@
 import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { chooseDatabase, isNeonUrl, type PgModule } from '../../src/db/connect.js';
+import { neonPool } from '../../src/db/neon.js';
 import { ConfigError } from '../../src/model/errors.js';
 
 const local = 'postgres://app:secret-pw@127.0.0.1:5432/app';
@@ -66,5 +67,29 @@ describe('the driver of an invocation', () => {
     expect(isNeonUrl(local)).toBe(false);
     expect(isNeonUrl('postgres://u:p@neon.tech.evil.example/db')).toBe(false);
     expect(isNeonUrl('not a url')).toBe(false);
+  });
+});
+
+describe("Neon's pool, when its WebSocket cannot open", () => {
+  it('fails with an Error that says what it was opening, whatever the runtime reported (Node 24: an ErrorEvent with no message)', async () => {
+    const { WebSocket: Ws } = await import('ws');
+    const pool = neonPool({
+      connectionString: 'postgres://app:secret-pw@db.internal.example:6543/app',
+      wsProxy: '127.0.0.1:1/v1',
+      // The runtime's own WebSocket where it has one (Node 22+), as the routes use it.
+      webSocketConstructor: typeof globalThis.WebSocket === 'function' ? undefined : Ws,
+      connectionTimeoutMillis: 5_000,
+    });
+    pool.on('error', () => undefined);
+    const err = await pool.query('SELECT 1').then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    await pool.end().catch(() => undefined);
+    expect(err).toBeInstanceOf(Error);
+    const message = (err as Error).message;
+    expect(message).toMatch(/db\.internal\.example:6543/);
+    expect(message).toMatch(/ECONNREFUSED|network error|no reason|WebSocket/i);
+    expect(message).not.toMatch(/secret-pw|non-Error thrown/);
   });
 });
