@@ -33,12 +33,15 @@ export function ident(name: string): string {
  */
 export async function createRole(kind: string, suffix = ''): Promise<TestRole> {
   const name = `outlive_${kind}_${process.pid}${suffix}`;
+  // A password: a server that does not trust local connections (the embedded
+  // PostgreSQL asks for one) refuses a login role without one.
+  const password = crypto.randomUUID().replace(/-/g, '');
   const admin = new pg.Client({ connectionString: inject('pgUrl') });
   await admin.connect();
   try {
     // Left by a run of this process's pid that was killed.
     await dropRole(admin, name);
-    await admin.query(`CREATE ROLE ${ident(name)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS`);
+    await admin.query(`CREATE ROLE ${ident(name)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS PASSWORD '${password}'`);
   } finally {
     await admin.end();
   }
@@ -58,7 +61,7 @@ export async function createRole(kind: string, suffix = ''): Promise<TestRole> {
     urlOn(url: string) {
       const u = new URL(url);
       u.username = encodeURIComponent(name);
-      u.password = '';
+      u.password = password;
       return u.toString();
     },
   };
