@@ -30,18 +30,28 @@ export async function startTcpProxy(host: string, port: number): Promise<TcpProx
     upstream.setNoDelay(true);
     client.setNoDelay(true);
     sockets.add(client).add(upstream);
-    let closed = false;
+    // One side gone, the other is ended, not destroyed: a destroy answers the
+    // peer's next bytes with a reset, and the peer may be a socket without an
+    // error listener (Miniflare's Hyperdrive proxy pipes its sockets with
+    // none), which a reset crashes.
+    let counted = false;
     const closeBoth = () => {
-      if (closed) return;
-      closed = true;
-      open--;
-      client.destroy();
-      upstream.destroy();
-      sockets.delete(client);
-      sockets.delete(upstream);
+      if (!counted) {
+        counted = true;
+        open--;
+      }
+      for (const s of [client, upstream]) {
+        if (!s.destroyed) s.end();
+        setTimeout(() => s.destroy(), 1_000).unref();
+      }
     };
-    client.on('close', closeBoth).on('error', closeBoth);
-    upstream.on('close', closeBoth).on('error', closeBoth);
+    for (const s of [client, upstream]) {
+      s.on('close', () => {
+        sockets.delete(s);
+        closeBoth();
+      });
+      s.on('error', closeBoth);
+    }
     client.pipe(upstream);
     upstream.pipe(client);
   });
