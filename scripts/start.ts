@@ -20,6 +20,8 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { Miniflare } from 'miniflare';
+// A backend reset under the Worker's Hyperdrive binding must not end the stack.
+import '../test/support/miniflare-sockets.js';
 import pg from 'pg';
 import { enqueue, nudge } from '../src/index.js';
 import { migrate } from '../src/node/index.js';

@@ -10,6 +10,7 @@
  */
 import type { Readable } from 'node:stream';
 import { Miniflare } from 'miniflare';
+import './miniflare-sockets.js';
 import { bundleWorker as bundleWith, type WorkerEntry } from '../../scripts/local/bundle.js';
 import { startTcpProxy } from './tcp-proxy.js';
 import { startWsProxy } from './ws-proxy.js';
