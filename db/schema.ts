@@ -9,6 +9,7 @@
 import { sql } from 'drizzle-orm';
 import {
   bigint,
+  doublePrecision,
   bigserial,
   check,
   index,
@@ -90,13 +91,46 @@ export const tasks = outlive.table(
     updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
     startedAt: timestamp('started_at', { withTimezone: true }),
     finishedAt: timestamp('finished_at', { withTimezone: true }),
+    // Flow control (issue 26, docs/flow-control.md). A task with limits or
+    // fairness has a fair_key ('' when it has limits only): such rows are
+    // claimed by outlive.claim_governed, the others by the plain claim.
+    /** The fairness key its queue's turns are taken by. */
+    fairKey: text('fair_key'),
+    /** Its place in its queue's turns; null until placed (ready, the claim or enqueue places it). */
+    vt: doublePrecision('vt'),
+    /** The limits its starts count against: `[{ k, n?, r?, p?, c? }]` (src/model/limits.ts). */
+    limits: jsonb('limits'),
+    /** The key whose limit it was last found waiting for; it is out of the claim's way until that key wakes. */
+    blockedOn: text('blocked_on'),
   },
   (t) => [
     // The claim reads only this index: ready rows, in claim order. Finished
     // rows are not in it, so history can pile up without slowing the claim.
     index('tasks_claim_idx')
       .on(t.priority.desc(), t.runAt, t.id)
-      .where(sql`${t.state} = 'pending' AND ${t.waitingOn} = 0`),
+      .where(sql`${t.state} = 'pending' AND ${t.waitingOn} = 0 AND ${t.fairKey} IS NULL`),
+    // The governed claim's order: priority, then turn. Rows waiting for a
+    // key are out of it, so a claim reads what it may start, not the backlog
+    // behind a full limit.
+    index('tasks_governed_idx')
+      .on(t.priority.desc(), t.vt, t.id)
+      .where(sql`${t.state} = 'pending' AND ${t.waitingOn} = 0 AND ${t.fairKey} IS NOT NULL AND ${t.vt} IS NOT NULL AND ${t.blockedOn} IS NULL`),
+    // A fairness key's last turn, and a queue's first (outlive.fair_start).
+    index('tasks_fair_last_idx')
+      .on(t.queue, t.fairKey, t.vt)
+      .where(sql`${t.state} = 'pending' AND ${t.fairKey} IS NOT NULL AND ${t.vt} IS NOT NULL`),
+    index('tasks_fair_head_idx')
+      .on(t.queue, t.vt)
+      .where(sql`${t.state} = 'pending' AND ${t.fairKey} IS NOT NULL AND ${t.vt} IS NOT NULL`),
+    // Governed rows that became ready (their time came, a retry, a
+    // dependency succeeded) and wait to be placed in turn.
+    index('tasks_unplaced_idx')
+      .on(t.runAt, t.id)
+      .where(sql`${t.state} = 'pending' AND ${t.waitingOn} = 0 AND ${t.fairKey} IS NOT NULL AND ${t.vt} IS NULL`),
+    // Rows waiting for a key, woken in turn when it frees.
+    index('tasks_blocked_idx')
+      .on(t.blockedOn, t.vt, t.id)
+      .where(sql`${t.state} = 'pending' AND ${t.blockedOn} IS NOT NULL`),
     // Running rows by lease owner. A settle and a heartbeat name their
     // pass's owner and read only that pass's rows here; recovery reads the
     // whole index (running rows only) for expired leases, without touching
@@ -126,8 +160,64 @@ export const tasks = outlive.table(
     // A release that counted a success off a row twice fails in the
     // statement that does it, instead of leaving a task no claim can match.
     check('tasks_waiting_on_check', sql`${t.waitingOn} >= 0`),
+    // Limits, a turn and a wait belong to governed rows only: a plain row
+    // carrying them would be claimed by a claim that ignores them.
+    check('tasks_governed_check', sql`${t.fairKey} IS NOT NULL OR (${t.limits} IS NULL AND ${t.vt} IS NULL AND ${t.blockedOn} IS NULL)`),
   ],
 );
+
+/**
+ * One row per limit key: what its tasks hold of it and when it may start
+ * more. Taken by the claim (outlive.claim_governed) and given back by the
+ * statement that settles, recovers or cancels the task (outlive.release_slots),
+ * never by a statement of its own (docs/flow-control.md).
+ */
+export const limits = outlive.table(
+  'limits',
+  {
+    key: text('key').primaryKey(),
+    /** Set at run time (setLimit): overrides what tasks declare; null keeps the declared. */
+    concurrency: integer('concurrency'),
+    rateLimit: integer('rate_limit'),
+    ratePeriodMs: integer('rate_period_ms'),
+    /** Tasks of the key running now. */
+    running: integer('running').notNull().default(0),
+    /** The starts in the current rate window: `[[at_ms, cost, task_id, attempt], ...]`, oldest first. */
+    starts: jsonb('starts').notNull().default(sql`'[]'::jsonb`),
+    /** No task of the key starts before this (a 429's Retry-After, pauseKey). */
+    pausedUntil: timestamp('paused_until', { withTimezone: true }),
+    pausedReason: text('paused_reason'),
+    /** When tasks waiting for the key are looked at again; 'infinity': when a slot frees; null: none wait. */
+    wakeAt: timestamp('wake_at', { withTimezone: true }),
+    /** The concurrency the last claim applied, for how many waiting tasks a freed slot wakes. */
+    seenConcurrency: integer('seen_concurrency'),
+    updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [
+    index('limits_wake_idx').on(t.wakeAt).where(sql`${t.wakeAt} IS NOT NULL`),
+    check('limits_running_check', sql`${t.running} >= 0`),
+    check('limits_values_check', sql`${t.concurrency} > 0 AND ${t.rateLimit} > 0 AND ${t.ratePeriodMs} > 0 AND (${t.rateLimit} IS NULL) = (${t.ratePeriodMs} IS NULL)`),
+  ],
+);
+
+/** The weight of a fairness key in its queue (setWeight): a key of weight 3 takes 3 turns to another's 1. */
+export const fairness = outlive.table(
+  'fairness',
+  {
+    queue: text('queue').notNull(),
+    key: text('key').notNull(),
+    weight: doublePrecision('weight').notNull(),
+    updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [primaryKey({ columns: [t.queue, t.key] }), check('fairness_weight_check', sql`${t.weight} > 0 AND ${t.weight} <= 1000`)],
+);
+
+/** Paused queues (pauseQueue): no claim takes their tasks until resumed. */
+export const queuePauses = outlive.table('queue_pauses', {
+  queue: text('queue').primaryKey(),
+  reason: text('reason'),
+  pausedAt: timestamp('paused_at', { withTimezone: true }).notNull().defaultNow(),
+});
 
 /**
  * `task_id` may start only after `depends_on` has succeeded. Both are steps of

@@ -26,6 +26,7 @@ export {
   ConfigError,
   NonRetriableError,
   RetryAfterError,
+  RateLimitedError,
 } from './model/errors.js';
 export { MAX_INPUT_BYTES } from './model/row.js';
 export type { EnqueueOptions, EnqueueManyOptions } from './model/row.js';
@@ -57,6 +58,9 @@ export { applyRetention } from './maintenance/retention.js';
 export type { RetentionOptions, RetentionReport } from './maintenance/retention.js';
 
 // Steering and asking why.
+export { setLimit, pauseKey, resumeKey, pauseQueue, resumeQueue, setWeight, limitStatus, FlowControlError } from './admin/flow.js';
+export type { LimitOverride, LimitStatus } from './admin/flow.js';
+export type { Limit, Fairness, KeyOf } from './model/limits.js';
 export { cancelRun } from './admin/cancel.js';
 export type { CancelReport } from './admin/cancel.js';
 export { retryRun, retryTask } from './admin/retry.js';

@@ -396,15 +396,15 @@ describe('schemas that are missing or old', () => {
     expect(report).toMatchObject({ claimed: 1, succeeded: 1 });
   });
 
-  it('a tick or a worker on a schema from before the claim of known names (migration 0010) says to run migrate(), and claims nothing', async () => {
+  it('a tick or a worker on a schema from before the claim of governed tasks (migration 0014) says to run migrate(), and claims nothing', async () => {
     const old = await freshDb();
     await old.pool.query(`DROP FUNCTION ${CLAIM_FUNCTION}`);
     const { id } = await enqueue(old.pool, job, { n: 1 });
     const err = await tick(old.pool, { tasks: [job], budgetMs: 20_000 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(PassError);
-    expect((err as Error).message).toMatch(/function outlive\.claim\(.*\) does not exist: the outlive schema is older than this code; run migrate\(\)/);
+    expect((err as Error).message).toMatch(/function outlive\.claim_tasks\(.*\) does not exist: the outlive schema is older than this code; run migrate\(\)/);
     const worker = createWorker({ connectionString: old.url, tasks: [job], logger: { info: () => undefined, warn: () => undefined, error: () => undefined } });
-    await expect(worker.start()).rejects.toThrow(new ConfigError('outlive: the database has no outlive.claim function taking task names: run migrate() to bring it up to date'));
+    await expect(worker.start()).rejects.toThrow(new ConfigError('outlive: the database has no outlive.claim_tasks function (migration 0014): run migrate() to bring it up to date'));
     expect((await old.pool.query(`SELECT state::text FROM outlive.tasks WHERE id = $1`, [id])).rows[0].state).toBe('pending');
     // Without 0010's table of known names, the pass says the same.
     await old.pool.query('DROP TABLE outlive.known_tasks');

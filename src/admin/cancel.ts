@@ -9,18 +9,27 @@ import type { RunState } from '../model/states.js';
 
 // Tasks first, run last: the same lock order as settles, so a cancel racing a
 // settle of the same run queues behind it instead of deadlocking.
+// Running tasks' slots are given back by this statement (outlive.release_slots).
 const CANCEL_TASKS_SQL = `
 WITH locked AS (
   SELECT id, state FROM outlive.tasks
   WHERE run_id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])
   ORDER BY id FOR UPDATE
-)
+), cancelled AS (
 UPDATE outlive.tasks t
 SET state = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
     last_error = coalesce($3, t.last_error),
     finished_at = coalesce($2::timestamptz, pg_catalog.now()), updated_at = coalesce($2::timestamptz, pg_catalog.now())
 FROM locked WHERE t.id OPERATOR(pg_catalog.=) locked.id
-RETURNING locked.state::text AS was`;
+RETURNING locked.state::text AS was, t.id::text, t.attempts, t.limits
+), slots AS (
+  SELECT outlive.release_slots(
+           coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(c.limits, c.id, c.attempts))
+                      FILTER (WHERE c.was OPERATOR(pg_catalog.=) 'running' AND c.limits IS NOT NULL), '[]'::jsonb),
+           $2::timestamptz) AS n
+  FROM cancelled c
+)
+SELECT c.was FROM cancelled c, slots`;
 
 const CANCEL_RUN_SQL = `
 UPDATE outlive.runs

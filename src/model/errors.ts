@@ -50,6 +50,30 @@ export class RetryAfterError extends Error {
   }
 }
 
+/**
+ * Thrown by a handler when a provider refused the call for its rate limit
+ * (an HTTP 429): the key is paused for every pass until `retryAfterMs` from
+ * now, and the task goes back to pending without spending an attempt.
+ *
+ * ```ts
+ * if (res.status === 429) throw new RateLimitedError({ key: 'openai', retryAfterMs: retryAfter(res) });
+ * ```
+ */
+export class RateLimitedError extends Error {
+  readonly key: string;
+  readonly retryAfterMs: number;
+  constructor({ key, retryAfterMs, message }: { key: string; retryAfterMs: number; message?: string }) {
+    super(message ?? `rate limited on key "${key}": retry after ${retryAfterMs} ms`);
+    this.name = 'RateLimitedError';
+    if (typeof key !== 'string' || key.length === 0 || key.length > 500) throw new TypeError('RateLimitedError: key must be a non-empty string of at most 500 characters');
+    if (typeof retryAfterMs !== 'number' || !Number.isFinite(retryAfterMs) || retryAfterMs < 0) {
+      throw new TypeError(`RateLimitedError: retryAfterMs must be a finite number of milliseconds >= 0, got ${String(retryAfterMs)}`);
+    }
+    this.key = key;
+    this.retryAfterMs = Math.min(retryAfterMs, 86_400_000);
+  }
+}
+
 /** The most of a plain object's JSON an error message carries. */
 const MAX_THROWN_JSON = 500;
 

@@ -9,6 +9,7 @@ import { InvalidEnqueueError } from './errors.js';
 import { storableText, unstorableJson, utf8Bytes } from './json.js';
 import { checkMaxAttempts, MAX_TIMEOUT_MS, type AnyTask } from './task.js';
 import { checkName, formatIssues, isWhole } from './checks.js';
+import { resolveFlow, type RowFlow } from './limits.js';
 import { ASYNC_SCHEMA, ASYNC_SCHEMA_FIX, isInputSchema, validateNow } from './input-schema.js';
 
 /** Largest serialised input a task row accepts: 1 MiB. */
@@ -120,6 +121,13 @@ export interface PreparedRow {
   options: Prepared;
   input: string;
   key: string | null;
+  /** Its fairness key and limits; null for a task without flow control. */
+  flow: RowFlow | null;
+}
+
+/** A row's flow control for one input: null for a task without limits or fairness. */
+export function rowFlow(task: AnyTask, input: unknown): RowFlow | null {
+  return task.flow ? resolveFlow(task.name, task.flow, input) : null;
 }
 
 /**
@@ -131,5 +139,5 @@ export interface PreparedRow {
  */
 export function prepareRow(task: AnyTask, input: unknown, key: { key: unknown } | null, options: EnqueueOptions | EnqueueManyOptions<unknown> = {}, prepared?: Prepared): PreparedRow {
   const o = prepared ?? prepareOptions(task, options);
-  return { options: o, input: serialiseInput(task, input), key: key === null ? null : checkKey(task, key.key) };
+  return { options: o, input: serialiseInput(task, input), key: key === null ? null : checkKey(task, key.key), flow: rowFlow(task, input) };
 }

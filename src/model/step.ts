@@ -5,7 +5,7 @@
  */
 import { InvalidGraphError } from './errors.js';
 import { checkGraph, checkStepName } from './graph.js';
-import { prepareOptions, serialiseInput, type EnqueueOptions, type Prepared } from './row.js';
+import { prepareOptions, rowFlow, serialiseInput, type EnqueueOptions, type Prepared } from './row.js';
 import type { AnyTask, TaskInput } from './task.js';
 
 /** Options of one step: as enqueue's, with the steps it waits for. */
@@ -37,6 +37,10 @@ export interface PreparedStep extends Omit<Prepared, 'delayMs'> {
   step: string;
   input: string;
   after: string[];
+  /** Its fairness key ('' with limits only), or null for a task without flow control. */
+  fairKey: string | null;
+  /** Its limits as JSON, or null. */
+  limits: string | null;
 }
 
 /** Checks one step (name, options, input) without touching the database. */
@@ -59,7 +63,13 @@ export function prepareStep(where: string, name: string, spec: Step): PreparedSt
     runAt: o.runAt,
     input: serialiseInput(spec.task, spec.input),
     after: [...new Set(after)],
+    ...flowColumns(spec.task, spec.input),
   };
+}
+
+function flowColumns(task: AnyTask, input: unknown): { fairKey: string | null; limits: string | null } {
+  const flow = rowFlow(task, input);
+  return { fairKey: flow?.fairKey ?? null, limits: flow?.limits ?? null };
 }
 
 /** Largest number of steps one startRun or one task's spawns may write. */
@@ -81,7 +91,7 @@ export function prepareGraph(where: string, steps: Record<string, Step>, externa
 /**
  * The columns of steps as the statements that insert them take them, one
  * array each: step, name, queue, priority, max attempts, timeout, run at,
- * input.
+ * input. Their flow control is {@link stepFlowColumns}.
  */
 export function stepColumns(steps: readonly PreparedStep[]): unknown[][] {
   return [
@@ -94,6 +104,11 @@ export function stepColumns(steps: readonly PreparedStep[]): unknown[][] {
     steps.map((s) => s.runAt),
     steps.map((s) => s.input),
   ];
+}
+
+/** The fairness keys and limits of steps, one array each (nulls for tasks without flow control). */
+export function stepFlowColumns(steps: readonly PreparedStep[]): unknown[][] {
+  return [steps.map((s) => s.fairKey), steps.map((s) => s.limits)];
 }
 
 /** The edges of steps as two parallel arrays: each `children[i]` waits for `parents[i]`. */

@@ -9,6 +9,7 @@ import { checkName, checkWhole, isWhole } from './checks.js';
 import { notASchema, SCHEMA_FIX, type InputSchema } from './input-schema.js';
 import type { BackoffOptions } from './backoff.js';
 import type { Step } from './step.js';
+import { checkFlow, type Fairness, type Flow, type Limit } from './limits.js';
 
 /** What a handler sees of the task it runs. */
 export interface TaskContext {
@@ -49,6 +50,13 @@ export interface TaskContext {
   output<O = unknown>(step: string): Promise<O>;
   /** The outputs of the steps this task waited for, by step name (runs only). */
   outputs(): Promise<Record<string, unknown>>;
+  /**
+   * What this start really cost against its rate limits (the tokens a model
+   * call used), replacing the estimate the claim reserved when the attempt
+   * settles. With a key, that key's limit only; without, every limit of the
+   * task that has a rate.
+   */
+  reportCost(actual: number, key?: string): void;
 }
 
 /** A task handler: takes the parsed input, returns the output to store. */
@@ -95,6 +103,14 @@ export interface TaskConfig<S extends InputSchema, O> {
    * run's outputs feed the steps that wait on them).
    */
   keepSucceeded?: boolean;
+  /**
+   * Limits on keys this task's starts count against: concurrency, a rate in
+   * any window, a cost per start. Enforced in the claim, across every pass
+   * (docs/flow-control.md).
+   */
+  limits?: readonly Limit<StandardSchemaV1.InferInput<S>>[];
+  /** Ready tasks of different fairness keys in a queue are claimed round-robin. */
+  fairness?: Fairness<StandardSchemaV1.InferInput<S>>;
 }
 
 /** A defined task. Pass it to `enqueue` and to the passes that run it. */
@@ -108,6 +124,8 @@ export interface Task<S extends InputSchema = InputSchema, O = unknown> {
   readonly queue: string;
   readonly priority: number;
   readonly keepSucceeded: boolean;
+  /** Its limits and fairness, checked; null for a task without (the plain claim's). */
+  readonly flow: Flow | null;
 }
 
 /** The input type `enqueue` takes for a task: its schema's input type. */
@@ -173,6 +191,7 @@ export function defineTask<S extends InputSchema, O>(config: TaskConfig<S, O>): 
     queue: checkName('queue', config.queue ?? 'default'),
     priority,
     keepSucceeded,
+    flow: checkFlow(name, config.limits, config.fairness),
   });
 }
 

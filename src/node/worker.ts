@@ -424,7 +424,7 @@ export function createWorker(options: WorkerOptions): Worker {
         )
       ).rows;
       if (!found?.tasks) throw new ConfigError('outlive: the database has no outlive tables: run migrate() on it first');
-      if (!found.claim) throw new ConfigError('outlive: the database has no outlive.claim function taking task names: run migrate() to bring it up to date');
+      if (!found.claim) throw new ConfigError('outlive: the database has no outlive.claim_tasks function (migration 0014): run migrate() to bring it up to date');
       if (schedules.length > 0 && !found.schedules) {
         throw new ConfigError('outlive: the database has no outlive.schedules table: run migrate() to bring it up to date');
       }

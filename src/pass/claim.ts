@@ -2,6 +2,7 @@
  * Claim: take ready tasks for one pass, so that no other pass can take them.
  */
 import type { Executor } from '../db/executor.js';
+import type { RowLimit } from '../model/limits.js';
 
 /** A task row as a pass claimed it. */
 export interface ClaimedTask {
@@ -14,6 +15,10 @@ export interface ClaimedTask {
   max_attempts: number;
   timeout_ms: number;
   run_id: string | null;
+  /** Its fairness key ('' with limits only); null for a task without flow control. */
+  fair_key: string | null;
+  /** The limits it holds slots of while it runs (src/model/limits.ts); null for none. */
+  limits: RowLimit[] | null;
 }
 
 /** What one claim asks for. */
@@ -67,11 +72,12 @@ export interface ClaimRequest {
 export const CLAIM_SQL = `
 WITH ready AS (
   SELECT id FROM outlive.tasks
-  WHERE state OPERATOR(pg_catalog.=) 'pending' AND waiting_on OPERATOR(pg_catalog.=) 0
+  WHERE state OPERATOR(pg_catalog.=) 'pending' AND waiting_on OPERATOR(pg_catalog.=) 0 AND fair_key IS NULL
     AND run_at OPERATOR(pg_catalog.<=) coalesce($1::timestamptz, pg_catalog.now())
     AND timeout_ms OPERATOR(pg_catalog.<=) $2
     AND ($3::text[] IS NULL OR queue OPERATOR(pg_catalog.=) ANY ($3::text[]))
     AND name OPERATOR(pg_catalog.=) ANY ($8::text[])
+    AND queue OPERATOR(pg_catalog.<>) ALL (ARRAY(SELECT p.queue FROM outlive.queue_pauses p))
   ORDER BY priority DESC NULLS LAST, run_at, id
   LIMIT $4
   FOR UPDATE SKIP LOCKED
@@ -89,9 +95,12 @@ WHERE t.id OPERATOR(pg_catalog.=) ready.id AND t.state OPERATOR(pg_catalog.=) 'p
 RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.timeout_ms, t.run_id::text`;
 
 /**
- * What a pass sends to claim: a call of `outlive.claim`, whose body is
- * CLAIM_SQL (migrations 0009, then 0010 with names, then 0013 with its
- * search_path pinned), as a named statement.
+ * What a pass sends to claim: a call of `outlive.claim_tasks` (migration
+ * 0014), which claims tasks with flow control through
+ * `outlive.claim_governed` and the others through `outlive.claim`, whose
+ * body is CLAIM_SQL (migrations 0009, then 0010 with names, 0013 with its
+ * search_path pinned, 0014 leaving governed rows and paused queues out), as
+ * a named statement.
  *
  * The trade-off, measured on 2 cores, PostgreSQL 15: CLAIM_SQL sent unnamed
  * (0000-0008) was parsed and planned for every claim, 460-530 us of backend
@@ -107,10 +116,13 @@ RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.ti
  * sequential scans priced out, so it is the index plan on a table of any
  * size (test/claim.test.ts claims such a burst and counts rows scanned).
  */
-const CLAIM_CALL_SQL = 'SELECT * FROM outlive.claim($1, $2, $3, $4, $5, $6, $7, $8)';
+const CLAIM_CALL_SQL = 'SELECT * FROM outlive.claim_tasks($1, $2, $3, $4, $5, $6, $7, $8)';
 
 /** The claim function this code calls, as `to_regprocedure` names it. */
-export const CLAIM_FUNCTION = 'outlive.claim(timestamptz, integer, text[], integer, text, integer, integer, text[])';
+export const CLAIM_FUNCTION = 'outlive.claim_tasks(timestamptz, integer, text[], integer, text, integer, integer, text[])';
+
+/** The plain claim, whose body is CLAIM_SQL. */
+export const PLAIN_CLAIM_FUNCTION = 'outlive.claim(timestamptz, integer, text[], integer, text, integer, integer, text[])';
 
 /** Postgres's error code for a call of a function that does not exist. */
 const UNDEFINED_FUNCTION = '42883';
@@ -122,10 +134,10 @@ export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTas
     return await db.query<ClaimedTask>(
       CLAIM_CALL_SQL,
       [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs, req.leaseMs, req.names],
-      'outlive_claim_names',
+      'outlive_claim_tasks',
     );
   } catch (err) {
-    // A database migrated before 0010 has no outlive.claim taking names.
+    // A database migrated before 0014 has no outlive.claim_tasks.
     if ((err as { code?: string }).code === UNDEFINED_FUNCTION) {
       throw Object.assign(new Error(`${(err as Error).message}: the outlive schema is older than this code; run migrate() to bring it up to date`, { cause: err }), {
         code: UNDEFINED_FUNCTION,

@@ -6,7 +6,7 @@
 import { formatIssues } from '../model/checks.js';
 import { backoffDelay } from '../model/backoff.js';
 import type { ClaimedTask } from './claim.js';
-import { InvalidGraphError, NonRetriableError, RetryAfterError, toError } from '../model/errors.js';
+import { InvalidGraphError, NonRetriableError, RateLimitedError, RetryAfterError, toError } from '../model/errors.js';
 import { storableText, unstorableJson, utf8Bytes } from '../model/json.js';
 import type { Executor } from '../db/executor.js';
 import { checkGraph } from '../model/graph.js';
@@ -32,6 +32,10 @@ export type Outcome = {
   runId: string | null;
   /** The attempt it is the outcome of (the claim counted it): the settle matches only that attempt. */
   attempt: number;
+  /** A task with flow control: its settle gives back its slots (src/pass/settle.ts). */
+  governed?: true;
+  /** What its slot release applies: reported costs and a 429's pause, as JSON (outlive.release_slots). */
+  flow?: string | null;
 } & (
   | {
       state: 'succeeded';
@@ -77,12 +81,34 @@ export function entry(err: Error, attempt: number): ErrorEntry {
   return e;
 }
 
+/** What every outcome of a claimed task starts from. */
+function baseOf(claimed: ClaimedTask, flow: FlowReport | null = null): { id: string; runId: string | null; attempt: number; governed?: true; flow?: string | null } {
+  const base = { id: claimed.id, runId: claimed.run_id, attempt: claimed.attempts };
+  const json = flow && (flow.costs || flow.pause) ? JSON.stringify(flow) : null;
+  if (claimed.fair_key == null) return json && flow?.pause ? { ...base, flow: json } : base;
+  return { ...base, governed: true, flow: json };
+}
+
+/** What a governed attempt tells its slot release. */
+interface FlowReport {
+  costs?: Record<string, number>;
+  pause?: { key: string; ms: number; reason: string };
+}
+
 /** The outcome of a failed attempt: retry with backoff, retry at a given time, or fail for good. */
-export function failure(task: AnyTask | undefined, claimed: ClaimedTask, thrown: unknown): Outcome {
+export function failure(task: AnyTask | undefined, claimed: ClaimedTask, thrown: unknown, flow: FlowReport = {}): Outcome {
   const err = toError(thrown);
   const error = entry(err, claimed.attempts);
-  const base = { id: claimed.id, runId: claimed.run_id, attempt: claimed.attempts };
+  const base = baseOf(claimed, flow);
   const exhausted = claimed.attempts >= claimed.max_attempts;
+  if (err instanceof RateLimitedError && task) {
+    // The provider refused the start: the key pauses for everyone. A task
+    // that holds the key waits for it without spending an attempt; one that
+    // does not (no claim of it checks the key) retries after the pause.
+    const paused = baseOf(claimed, { ...flow, pause: { key: err.key, ms: err.retryAfterMs, reason: err.message } });
+    if (claimed.limits?.some((l) => l.k === err.key)) return { ...paused, state: 'released' };
+    if (!exhausted) return { ...paused, state: 'pending', retryAt: null, delayMs: err.retryAfterMs, error };
+  }
   if (err instanceof NonRetriableError || exhausted || !task) return { ...base, state: 'failed', error };
   if (err instanceof RetryAfterError) {
     return { ...base, state: 'pending', retryAt: err.retryAt ?? null, delayMs: err.delayMs ?? 0, error };
@@ -163,15 +189,18 @@ export async function execute(
     }
     const output = serialiseOutput(value);
     const spawns = ctx.spawns;
+    const base = baseOf(claimed, ctx.flow);
     if (spawns) {
       checkSpawns(claimed, spawns);
-      return { id: claimed.id, runId: claimed.run_id, attempt: claimed.attempts, state: 'succeeded', output, spawns };
+      return { ...base, state: 'succeeded', output, spawns };
     }
-    if (!task.keepSucceeded && claimed.run_id === null) return { id: claimed.id, runId: null, attempt: claimed.attempts, state: 'succeeded', output, drop: true };
-    return { id: claimed.id, runId: claimed.run_id, attempt: claimed.attempts, state: 'succeeded', output };
+    // A governed row is kept: its settle gives back its slots by updating it.
+    if (!task.keepSucceeded && claimed.run_id === null && !base.governed) return { ...base, state: 'succeeded', output, drop: true };
+    return { ...base, state: 'succeeded', output };
   } catch (thrown) {
-    if (abort.reason instanceof HandBackError) return { id: claimed.id, runId: claimed.run_id, attempt: claimed.attempts, state: 'released' };
-    return failure(task, claimed, thrown);
+    // Handed back unstarted: its rate starts are given back too (cost 0).
+    if (abort.reason instanceof HandBackError) return { ...baseOf(claimed, { costs: { '*': 0 } }), state: 'released' };
+    return failure(task, claimed, thrown, ctx.flow);
   } finally {
     if (timer !== undefined) clearTimeout(timer);
   }
@@ -260,6 +289,8 @@ class RunContext implements TaskContext {
   readonly runId: string | null;
   /** What this attempt spawned, once it spawned something. */
   spawns: PreparedStep[] | undefined = undefined;
+  /** The costs it reported, for its slot release. */
+  flow: FlowReport = {};
   private spawned: Set<string> | undefined = undefined;
 
   constructor(
@@ -279,7 +310,23 @@ class RunContext implements TaskContext {
     return this.abort.signal;
   }
 
-  private bound: Partial<Pick<TaskContext, 'heartbeat' | 'spawn' | 'output' | 'outputs'>> | undefined = undefined;
+  private bound: Partial<Pick<TaskContext, 'heartbeat' | 'spawn' | 'output' | 'outputs' | 'reportCost'>> | undefined = undefined;
+
+  get reportCost(): TaskContext['reportCost'] {
+    return ((this.bound ??= {}).reportCost ??= this.recordCost.bind(this));
+  }
+
+  private recordCost(actual: number, key?: string): void {
+    if (typeof actual !== 'number' || !Number.isFinite(actual) || actual < 0) {
+      throw new TypeError(`outlive: ${this.where}: reportCost takes a finite number >= 0, got ${String(actual)}`);
+    }
+    const rated = (this.claimed.limits ?? []).filter((l) => l.r !== undefined);
+    if (key !== undefined && !rated.some((l) => l.k === key)) {
+      throw new TypeError(`outlive: ${this.where}: reportCost for key "${key}", which is not a rate limit of this task (${rated.map((l) => `"${l.k}"`).join(', ') || 'it has none'})`);
+    }
+    const costs = (this.flow.costs ??= {});
+    for (const l of rated) if (key === undefined || l.k === key) costs[l.k] = actual;
+  }
 
   get heartbeat(): TaskContext['heartbeat'] {
     return ((this.bound ??= {}).heartbeat ??= this.beatNow.bind(this));

@@ -36,6 +36,10 @@ export const heldUntil = (t: string) =>
 // counts as a failed one; its next attempt backs off exponentially from 1 s
 // (the task's own policy is code, not a row). Expired pass leases are
 // deleted on the way: they hold nothing.
+// The slots the recovered tasks held are given back in this statement
+// (outlive.release_slots, migration 0014), so a task's slot is freed exactly
+// when its row stops running. A recovered governed task is placed in turn
+// again when its retry is due (vt = NULL).
 export const RECOVER_SQL = `
 WITH expired AS (
   SELECT t.id FROM outlive.tasks t
@@ -48,7 +52,8 @@ WITH expired AS (
 ),
 gone AS (
   DELETE FROM outlive.leases WHERE expires_at OPERATOR(pg_catalog.<) coalesce($1::timestamptz, pg_catalog.now())
-)
+),
+recovered AS (
 UPDATE outlive.tasks t
 SET state = CASE WHEN t.attempts OPERATOR(pg_catalog.>=) t.max_attempts THEN 'failed' ELSE 'pending' END::outlive.task_state,
     run_at = CASE WHEN t.attempts OPERATOR(pg_catalog.>=) t.max_attempts THEN t.run_at
@@ -64,11 +69,21 @@ SET state = CASE WHEN t.attempts OPERATOR(pg_catalog.>=) t.max_attempts THEN 'fa
     lease_owner = NULL,
     lease_expires_at = NULL,
     finished_at = CASE WHEN t.attempts OPERATOR(pg_catalog.>=) t.max_attempts THEN coalesce($1::timestamptz, pg_catalog.now()) END,
+    vt = NULL,
+    blocked_on = NULL,
     updated_at = coalesce($1::timestamptz, pg_catalog.now())
 FROM expired
 WHERE t.id OPERATOR(pg_catalog.=) expired.id AND t.state OPERATOR(pg_catalog.=) 'running'
   AND t.lease_expires_at OPERATOR(pg_catalog.<) coalesce($1::timestamptz, pg_catalog.now())
-RETURNING t.id::text, t.state::text, t.run_id::text, t.step`;
+RETURNING t.id::text, t.state::text, t.run_id::text, t.step, t.limits, t.attempts
+),
+slots AS (
+  SELECT outlive.release_slots(
+           coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(r.limits, r.id, r.attempts)) FILTER (WHERE r.limits IS NOT NULL), '[]'::jsonb),
+           $1::timestamptz) AS n
+  FROM recovered r
+)
+SELECT r.id, r.state, r.run_id, r.step FROM recovered r, slots`;
 
 /**
  * Recovers up to `limit` tasks whose lease expired before `now` (default: the

@@ -14,7 +14,7 @@
  */
 import { InvalidGraphError } from '../model/errors.js';
 import type { Executor } from '../db/executor.js';
-import { stepColumns, stepEdges, type PreparedStep } from '../model/step.js';
+import { stepColumns, stepEdges, stepFlowColumns, type PreparedStep } from '../model/step.js';
 
 /** A settled row of a run, as the knock-on effects need it. */
 export interface RunRow {
@@ -82,13 +82,16 @@ ORDER BY id FOR UPDATE`;
 
 const INSERT_SPAWNS_SQL = `
 WITH ins AS (
-  INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error, finished_at)
+  INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error, finished_at,
+                             fair_key, limits)
   SELECT $1, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, pg_catalog.now()), s.input::jsonb, s.waiting_on,
-         s.state::outlive.task_state, s.last_error, CASE WHEN s.state OPERATOR(pg_catalog.=) 'skipped' THEN coalesce($2::timestamptz, pg_catalog.now()) END
+         s.state::outlive.task_state, s.last_error, CASE WHEN s.state OPERATOR(pg_catalog.=) 'skipped' THEN coalesce($2::timestamptz, pg_catalog.now()) END,
+         s.fair_key, s.limits::jsonb
   FROM ROWS FROM (pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::int[]),
                   pg_catalog.unnest($7::int[]), pg_catalog.unnest($8::int[]), pg_catalog.unnest($9::timestamptz[]), pg_catalog.unnest($10::text[]),
-                  pg_catalog.unnest($11::int[]), pg_catalog.unnest($12::text[]), pg_catalog.unnest($13::text[]))
-       AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error)
+                  pg_catalog.unnest($11::int[]), pg_catalog.unnest($12::text[]), pg_catalog.unnest($13::text[]),
+                  pg_catalog.unnest($19::text[]), pg_catalog.unnest($20::text[]))
+       AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error, fair_key, limits)
   RETURNING id, step
 ), ids AS (
   -- The spawned steps, and the steps already in the run that they wait for
@@ -161,6 +164,7 @@ export async function insertSpawns(db: Executor, runId: string, spawner: string,
     external.map((e) => e.id),
     external.map((e) => e.step),
     unsure.map((s) => s.step),
+    ...stepFlowColumns(steps),
   ]);
   return steps.length - skipped.size;
 }

@@ -36,7 +36,15 @@ export interface SettledRow extends RunRow {
 // pass. This way the rows are joined by id alone, as before, and filtered.
 // (It was IS NOT DISTINCT FROM, whose `=` cannot be named with its schema;
 // see "Names in SQL" in ARCHITECTURE.md.)
-export const SETTLE_SQL = `
+export const SETTLE_SQL = settleSql(false);
+
+/**
+ * SETTLE_SQL, or (governed) its form for tasks with flow control: a retry
+ * leaves its turn to be placed again when due, a wait ends, and it returns
+ * what the slot release needs, with each outcome's costs and pause ($10).
+ */
+function settleSql(governed: boolean): string {
+  return `
 UPDATE outlive.tasks t
 SET state = (CASE WHEN s.state OPERATOR(pg_catalog.=) 'released' THEN 'pending' ELSE s.state END)::outlive.task_state,
     output = CASE WHEN s.state OPERATOR(pg_catalog.=) 'succeeded' THEN s.output::jsonb ELSE t.output END,
@@ -49,14 +57,35 @@ SET state = (CASE WHEN s.state OPERATOR(pg_catalog.=) 'released' THEN 'pending' 
     errors = CASE WHEN s.error IS NULL THEN t.errors ELSE t.errors OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array(s.error::jsonb) END,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    finished_at = CASE WHEN s.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'released']) THEN NULL ELSE coalesce($1::timestamptz, pg_catalog.now()) END,
+    finished_at = CASE WHEN s.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'released']) THEN NULL ELSE coalesce($1::timestamptz, pg_catalog.now()) END,${governed ? `
+    vt = CASE WHEN s.state OPERATOR(pg_catalog.=) 'pending' THEN NULL ELSE t.vt END,
+    blocked_on = NULL,` : ''}
     updated_at = coalesce($1::timestamptz, pg_catalog.now())
 FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::timestamptz[]),
-                pg_catalog.unnest($6::float8[]), pg_catalog.unnest($7::text[]), pg_catalog.unnest($9::int[]))
-     AS s(id, state, output, retry_at, delay_ms, error, attempt)
+                pg_catalog.unnest($6::float8[]), pg_catalog.unnest($7::text[]), pg_catalog.unnest($9::int[])${governed ? ', pg_catalog.unnest($10::text[])' : ''})
+     AS s(id, state, output, retry_at, delay_ms, error, attempt${governed ? ', flow' : ''})
 WHERE t.id OPERATOR(pg_catalog.=) s.id AND t.state OPERATOR(pg_catalog.=) 'running' AND t.lease_owner OPERATOR(pg_catalog.=) $8
   AND (t.attempts OPERATOR(pg_catalog.=) s.attempt) IS TRUE
-RETURNING t.id::text, s.state AS state, t.run_id::text, t.step`;
+RETURNING t.id::text, s.state AS state, t.run_id::text, t.step${governed ? ', t.limits, s.attempt, s.flow' : ''}`;
+}
+
+// The slots of the governed rows a settle changed, given back by the same
+// statement (outlive.release_slots, migration 0014): a settle that matched
+// nothing (a stale attempt, a lost lease) gives back nothing, and one that
+// matched gives back exactly once.
+const SLOTS_CTE = `
+slots AS (
+  SELECT outlive.release_slots(
+           coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(s.limits, s.id, s.attempt, s.flow::jsonb)) FILTER (WHERE s.limits IS NOT NULL OR s.flow IS NOT NULL),
+                    '[]'::jsonb),
+           $1::timestamptz) AS n
+  FROM settled s
+)`;
+
+/** A governed settle: the settle and its slots in one statement. */
+const SETTLE_GOVERNED_SQL = `
+WITH settled AS (${settleSql(true)}),${SLOTS_CTE}
+SELECT s.id, s.state, s.run_id, s.step, (SELECT n FROM slots) AS slots FROM settled s`;
 
 // The common case, a batch of successes, in a statement of its own: two
 // arrays instead of six, and no CASE per column. Measured on claim and
@@ -98,8 +127,8 @@ RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
 // Measured on a 10,000-page fan-out in one pass (2 cores, PostgreSQL 15,
 // a machine shared with other work): 567 tasks/s with the transaction per
 // batch, 1,287 tasks/s this way.
-const withRunEffects = (settleSql: string) => `
-WITH settled AS (${settleSql}),
+const withRunEffects = (settleSql: string, slots = false) => `
+WITH settled AS (${settleSql}),${slots ? SLOTS_CTE + ',' : ''}
 released AS (
   UPDATE outlive.tasks d
   SET waiting_on = d.waiting_on OPERATOR(pg_catalog.-) c.n, updated_at = coalesce($1::timestamptz, pg_catalog.now())
@@ -125,16 +154,18 @@ finished AS (
 )
 SELECT s.*, (SELECT pg_catalog.count(pg_catalog.pg_notify('outlive', q.queue))
              FROM (SELECT DISTINCT queue FROM released WHERE waiting_on OPERATOR(pg_catalog.=) 0) q) AS notified,
-       (SELECT pg_catalog.count(*) FROM finished) AS runs
+       (SELECT pg_catalog.count(*) FROM finished) AS runs${slots ? ', (SELECT n FROM slots) AS slots' : ''}
 FROM settled s`;
 
 export const SETTLE_RUN_TASKS_SQL = withRunEffects(SETTLE_SQL);
 export const SUCCEED_RUN_TASKS_SQL = withRunEffects(SUCCEED_SQL);
+const SETTLE_GOVERNED_RUN_TASKS_SQL = withRunEffects(settleSql(true), true);
 
 /** The statements of one settle: the general one, and the one for a batch of successes. */
 interface SettleStatements {
   any: { text: string; name: string };
-  succeeded: { text: string; name: string };
+  /** Null for governed rows: their successes go through `any`, which gives back their slots. */
+  succeeded: { text: string; name: string } | null;
 }
 
 // A name goes with one text: renamed whenever the text changes (v3: names
@@ -149,11 +180,14 @@ const RUN_TASKS: SettleStatements = {
   any: { text: SETTLE_RUN_TASKS_SQL, name: 'outlive_settle_runs_v3' },
   succeeded: { text: SUCCEED_RUN_TASKS_SQL, name: 'outlive_succeed_runs_v3' },
 };
+const GOVERNED: SettleStatements = { any: { text: SETTLE_GOVERNED_SQL, name: 'outlive_settle_governed_v1' }, succeeded: null };
+const GOVERNED_RUN_TASKS: SettleStatements = { any: { text: SETTLE_GOVERNED_RUN_TASKS_SQL, name: 'outlive_settle_governed_runs_v1' }, succeeded: null };
 
 function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], now: Date | null, statements = PLAIN): Promise<SettledRow[]> {
   const ids: string[] = new Array(outcomes.length);
   const attempts: number[] = new Array(outcomes.length);
-  if (outcomes.every((o) => o.state === 'succeeded')) {
+  const governed = statements.succeeded === null;
+  if (!governed && outcomes.every((o) => o.state === 'succeeded')) {
     const outputs: (string | null)[] = new Array(outcomes.length);
     for (let i = 0; i < outcomes.length; i++) {
       const o = outcomes[i] as Extract<Outcome, { state: 'succeeded' }>;
@@ -161,7 +195,7 @@ function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], n
       attempts[i] = o.attempt;
       outputs[i] = o.output;
     }
-    const { text, name } = statements.succeeded;
+    const { text, name } = statements.succeeded!;
     return db.query<SettledRow>(text, [now, ids, outputs, owner, attempts], name);
   }
   const states: string[] = [];
@@ -180,13 +214,15 @@ function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], n
     errors.push(o.state === 'pending' || o.state === 'failed' ? JSON.stringify(o.error) : null);
   }
   const { text, name } = statements.any;
-  return db.query<SettledRow>(text, [now, ids, states, outputs, retryAts, delays, errors, owner, attempts], name);
+  const values = [now, ids, states, outputs, retryAts, delays, errors, owner, attempts];
+  if (governed) values.push(outcomes.map((o) => o.flow ?? null));
+  return db.query<SettledRow>(text, values, name);
 }
 
 /** Settles and applies run knock-ons in one transaction. */
 function settleWithRuns(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
   return inTransaction(pool, async (db) => {
-    const rows = await settleRows(db, owner, outcomes, now);
+    const rows = strip(await settleRows(db, owner, outcomes, now, outcomes.some(holdsSlots) ? GOVERNED : PLAIN));
     const spawns = new Map<string, PreparedStep[]>();
     for (const o of outcomes) if (o.state === 'succeeded' && o.spawns) spawns.set(o.id, o.spawns);
     await applyRunEffects(db, rows, spawns, now);
@@ -279,6 +315,8 @@ function transient(err: unknown): boolean {
 
 /** Settles one batch: one statement where it can, else a transaction with the run knock-ons. */
 async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
+  const governed = outcomes.some(holdsSlots);
+  if (governed && outcomes.every((o) => o.runId === null)) return strip(await settleRows(toExecutor(pool), owner, outcomes, now, GOVERNED));
   if (outcomes.every((o) => o.runId === null)) {
     const dropped: string[] = [];
     const droppedAttempts: number[] = [];
@@ -298,12 +336,17 @@ async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Out
   }
   if (outcomes.every((o) => o.state !== 'failed' && !(o.state === 'succeeded' && o.spawns?.length))) {
     try {
-      return strip(await settleRows(toExecutor(pool), owner, outcomes, now, RUN_TASKS));
+      return strip(await settleRows(toExecutor(pool), owner, outcomes, now, governed ? GOVERNED_RUN_TASKS : RUN_TASKS));
     } catch {
       // A deadlock between settles of one run, say: the transaction below.
     }
   }
   return settleWithRuns(pool, owner, outcomes, now);
+}
+
+/** An outcome whose settle has slots to give back or a pause to apply. */
+function holdsSlots(o: Outcome): boolean {
+  return o.governed === true || (o.flow ?? null) !== null;
 }
 
 /**

@@ -24,7 +24,7 @@
  * A batch has no way to pass one query's result to the next: the input must
  * be known before the batch is sent (generate ids in the app, as above).
  */
-import { INSERT_TASKS, insertParams, type EnqueuedTask } from './enqueue.js';
+import { INSERT_GOVERNED_TASKS, INSERT_TASKS, insertStatement, type EnqueuedTask } from './enqueue.js';
 import { OutliveError } from '../model/errors.js';
 import { prepareRow, type EnqueueOptions } from '../model/row.js';
 import { toStatementSql, type StatementSql } from '../db/executor.js';
@@ -40,8 +40,8 @@ import type { TaskState } from '../model/states.js';
 // for that one to commit and then skips, and this snapshot cannot see that
 // row. The last branch says so with a row of nulls, and enqueuedFrom
 // explains it (see there).
-const BATCH_ENQUEUE_SQL = `
-WITH written AS (${INSERT_TASKS}
+const batchEnqueueSql = (insert: string) => `
+WITH written AS (${insert}
 ), found AS (
   SELECT t.id::text, t.queue, t.state::text, t.run_at FROM outlive.tasks t
   WHERE NOT EXISTS (SELECT FROM written) AND t.name OPERATOR(pg_catalog.=) $1
@@ -51,6 +51,7 @@ WITH written AS (${INSERT_TASKS}
 SELECT id, queue, state, run_at, true AS inserted FROM written
 UNION ALL SELECT id, queue, state, run_at, false FROM found
 UNION ALL SELECT NULL, NULL, NULL, NULL, false WHERE NOT EXISTS (SELECT FROM written) AND NOT EXISTS (SELECT FROM found)`;
+const BATCH_ENQUEUE_SQL = new Map([INSERT_TASKS, INSERT_GOVERNED_TASKS].map((insert) => [insert, batchEnqueueSql(insert)]));
 
 /**
  * Builds the statement that enqueues one task, as drizzle's `execute` takes
@@ -61,7 +62,8 @@ UNION ALL SELECT NULL, NULL, NULL, NULL, false WHERE NOT EXISTS (SELECT FROM wri
  */
 export function enqueueSql<T extends AnyTask>(task: T, input: TaskInput<T>, options: EnqueueOptions = {}): StatementSql {
   const row = prepareRow(task, input, options.key === undefined ? null : { key: options.key }, options);
-  return toStatementSql(BATCH_ENQUEUE_SQL, insertParams(row.options, [row.input], [row.key]));
+  const { text, values } = insertStatement(row.options, [row.input], [row.key], [row.flow]);
+  return toStatementSql(BATCH_ENQUEUE_SQL.get(text)!, values);
 }
 
 /** A drizzle database whose `execute` makes a query that `db.batch` accepts (neon-http, and others). */

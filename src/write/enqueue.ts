@@ -7,6 +7,7 @@
  */
 import { toExecutor, type Transactional } from '../db/executor.js';
 import { fail, prepareOptions, prepareRow, type EnqueueManyOptions, type EnqueueOptions, type Prepared } from '../model/row.js';
+import type { RowFlow } from '../model/limits.js';
 import type { AnyTask, TaskInput } from '../model/task.js';
 import type { TaskState } from '../model/states.js';
 import { OutliveError } from '../model/errors.js';
@@ -22,9 +23,15 @@ export interface EnqueuedTask {
   deduplicated: boolean;
 }
 
-/** The parameters of INSERT_TASKS for rows sharing one set of options. */
-export function insertParams(p: Prepared, inputs: readonly string[], keys: readonly (string | null)[]): unknown[] {
-  return [p.name, p.queue, p.priority, p.maxAttempts, p.timeoutMs, p.runAt, p.delayMs, inputs, keys];
+/**
+ * The statement and parameters that insert rows sharing one set of options:
+ * INSERT_TASKS, or INSERT_GOVERNED_TASKS for a task with flow control
+ * (`flows`, one per row).
+ */
+export function insertStatement(p: Prepared, inputs: readonly string[], keys: readonly (string | null)[], flows: readonly (RowFlow | null)[] | null): { text: string; values: unknown[] } {
+  const values = [p.name, p.queue, p.priority, p.maxAttempts, p.timeoutMs, p.runAt, p.delayMs, inputs, keys];
+  if (!flows || flows.every((f) => f === null)) return { text: INSERT_TASKS, values };
+  return { text: INSERT_GOVERNED_TASKS, values: [...values, flows.map((f) => f?.fairKey ?? ''), flows.map((f) => f?.limits ?? null)] };
 }
 
 // One statement for one task or a hundred thousand: the inputs travel as
@@ -51,6 +58,31 @@ INSERT INTO outlive.tasks AS t (name, queue, priority, max_attempts, timeout_ms,
 SELECT $1, $2, $3, $4, $5, coalesce($6::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+) ($7::float8 OPERATOR(pg_catalog.*) interval '1 millisecond'),
        i.input::jsonb, i.key
 FROM ROWS FROM (pg_catalog.unnest($8::text[]), pg_catalog.unnest($9::text[])) AS i(input, key)
+ON CONFLICT (name, key) WHERE key IS NOT NULL AND state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])
+DO NOTHING
+RETURNING id::text, queue, state::text, run_at, key`;
+
+// Rows of a task with limits or fairness: INSERT_TASKS with the row's
+// fairness key and limits, and its place in its fairness key's turn (vt)
+// when it is ready now: after that key's last ready row, or at the head of
+// the queue's ready rows if it has none (outlive.fair_start, migration
+// 0014), 1/weight apart. A row for later is placed by the claim when due.
+// Tasks without flow control never come here, so their enqueue is as before.
+export const INSERT_GOVERNED_TASKS = `
+WITH i AS (
+  SELECT i.input, i.key, i.fair_key, i.limits, i.ord,
+         coalesce($6::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+) ($7::float8 OPERATOR(pg_catalog.*) interval '1 millisecond') AS run_at
+  FROM ROWS FROM (pg_catalog.unnest($8::text[]), pg_catalog.unnest($9::text[]), pg_catalog.unnest($10::text[]), pg_catalog.unnest($11::text[]))
+       WITH ORDINALITY AS i(input, key, fair_key, limits, ord)
+), turn AS (
+  SELECT g.fair_key, b.base, b.step FROM (SELECT DISTINCT fair_key FROM i) g, LATERAL outlive.fair_start($2, g.fair_key) b
+)
+INSERT INTO outlive.tasks AS t (name, queue, priority, max_attempts, timeout_ms, run_at, input, key, fair_key, limits, vt)
+SELECT $1, $2, $3, $4, $5, i.run_at, i.input::jsonb, i.key, i.fair_key, i.limits::jsonb,
+       CASE WHEN i.run_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+            THEN turn.base OPERATOR(pg_catalog.+) ((pg_catalog.row_number() OVER (PARTITION BY i.fair_key ORDER BY i.ord) OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) turn.step) END
+FROM i JOIN turn ON turn.fair_key OPERATOR(pg_catalog.=) i.fair_key
+ORDER BY i.ord
 ON CONFLICT (name, key) WHERE key IS NOT NULL AND state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])
 DO NOTHING
 RETURNING id::text, queue, state::text, run_at, key`;
@@ -86,9 +118,15 @@ function toTask(p: Prepared, r: WrittenRow, deduplicated: boolean): EnqueuedTask
  * Writes the rows (keys distinct), returning one task per row in order. The
  * common case, no key or no key taken, is the one INSERT_TASKS statement.
  */
-async function insertRows(tx: Transactional, p: Prepared, inputs: string[], keys: (string | null)[]): Promise<EnqueuedTask[]> {
+async function insertRows(tx: Transactional, p: Prepared, inputs: string[], keys: (string | null)[], flows: (RowFlow | null)[]): Promise<EnqueuedTask[]> {
   const db = toExecutor(tx);
-  const written = await db.query<WrittenRow>(INSERT_TASKS, insertParams(p, inputs, keys));
+  const insert = (at: readonly number[] | null) => {
+    const { text, values } = at
+      ? insertStatement(p, at.map((i) => inputs[i]!), at.map((i) => keys[i]!), at.map((i) => flows[i]!))
+      : insertStatement(p, inputs, keys, flows);
+    return db.query<WrittenRow>(text, values);
+  };
+  const written = await insert(null);
   const out: (EnqueuedTask | undefined)[] = new Array(inputs.length);
   // RETURNING keeps the input's order: unkeyed rows are matched by it, keyed rows by their key.
   const slotOfKey = new Map<string, number>();
@@ -108,7 +146,7 @@ async function insertRows(tx: Transactional, p: Prepared, inputs: string[], keys
     missing = missing.filter((i) => out[i] === undefined);
     if (missing.length === 0) break;
     // Those rows finished in between, freeing their keys: write them again.
-    const again = await db.query<WrittenRow>(INSERT_TASKS, insertParams(p, missing.map((i) => inputs[i]!), missing.map((i) => keys[i]!)));
+    const again = await insert(missing);
     for (const r of again) out[slotOfKey.get(r.key!)!] = toTask(p, r, false);
     missing = missing.filter((i) => out[i] === undefined);
   }
@@ -137,7 +175,7 @@ export async function enqueue<T extends AnyTask>(
   options: EnqueueOptions = {},
 ): Promise<EnqueuedTask> {
   const row = prepareRow(task, input, options.key === undefined ? null : { key: options.key }, options);
-  const [written] = await insertRows(tx, row.options, [row.input], [row.key]);
+  const [written] = await insertRows(tx, row.options, [row.input], [row.key], [row.flow]);
   return written!;
 }
 
@@ -156,13 +194,14 @@ export async function enqueueMany<T extends AnyTask>(
   if (!Array.isArray(inputs)) fail(task, 'enqueueMany takes an array of inputs');
   const json: string[] = [];
   const keys: (string | null)[] = [];
+  const flows: (RowFlow | null)[] = [];
   // Inputs sharing a key are folded into one row here and mapped back
   // afterwards: each key is written or found once.
   const slotOf: number[] = [];
   const repeated = new Set<number>();
   const slotByKey = new Map<string, number>();
   for (const input of inputs) {
-    const { input: serialised, key } = prepareRow(task, input, options.key ? { key: options.key(input) } : null, {}, prepared);
+    const { input: serialised, key, flow } = prepareRow(task, input, options.key ? { key: options.key(input) } : null, {}, prepared);
     const seen = key === null ? undefined : slotByKey.get(key);
     if (seen !== undefined) {
       repeated.add(slotOf.length);
@@ -173,9 +212,10 @@ export async function enqueueMany<T extends AnyTask>(
     slotOf.push(json.length);
     json.push(serialised);
     keys.push(key);
+    flows.push(flow);
   }
   if (json.length === 0) return [];
-  const rows = await insertRows(tx, prepared, json, keys);
+  const rows = await insertRows(tx, prepared, json, keys, flows);
   return slotOf.map((slot, i) => {
     const row = rows[slot]!;
     return repeated.has(i) ? { ...row, deduplicated: true } : row;

@@ -5,11 +5,13 @@
  */
 import { toExecutor, type Transactional } from '../db/executor.js';
 import { checkStepName } from '../model/graph.js';
-import { prepareGraph, stepColumns, stepEdges, type Step } from '../model/step.js';
+import { prepareGraph, stepColumns, stepEdges, stepFlowColumns, type Step } from '../model/step.js';
 
 // The run, its tasks and their edges in one statement, so startRun is atomic
 // even when given a pool instead of a transaction. A task's waiting_on starts
-// at its number of dependencies; each success decrements it.
+// at its number of dependencies; each success decrements it. A step with
+// flow control is written unplaced (no vt): the claim places it in its
+// fairness key's turn once it is ready (migration 0014).
 //
 // Edges find their tasks' ids in one jsonb object of step -> id, not by
 // joining the inserted rows by step: the planner cannot see that steps are
@@ -21,12 +23,13 @@ const START_RUN_SQL = `
 WITH run AS (
   INSERT INTO outlive.runs (name, unfinished) VALUES ($1, $2) RETURNING id
 ), ins AS (
-  INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on)
-  SELECT run.id, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, pg_catalog.now()), s.input::jsonb, s.waiting_on
+  INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, fair_key, limits)
+  SELECT run.id, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, pg_catalog.now()), s.input::jsonb, s.waiting_on,
+         s.fair_key, s.limits::jsonb
   FROM run, ROWS FROM (pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::int[]),
                        pg_catalog.unnest($7::int[]), pg_catalog.unnest($8::int[]), pg_catalog.unnest($9::timestamptz[]), pg_catalog.unnest($10::text[]),
-                       pg_catalog.unnest($11::int[]))
-       AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on)
+                       pg_catalog.unnest($11::int[]), pg_catalog.unnest($14::text[]), pg_catalog.unnest($15::text[]))
+       AS s(step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, fair_key, limits)
   RETURNING id, step
 ), ids AS (
   SELECT pg_catalog.jsonb_object_agg(step, id) AS of FROM ins
@@ -71,6 +74,6 @@ export function startRunStatement(name: string, steps: Record<string, Step>): { 
   const { children, parents } = stepEdges(prepared);
   return {
     text: START_RUN_SQL,
-    values: [name, prepared.length, ...stepColumns(prepared), prepared.map((p) => p.after.length), children, parents],
+    values: [name, prepared.length, ...stepColumns(prepared), prepared.map((p) => p.after.length), children, parents, ...stepFlowColumns(prepared)],
   };
 }

@@ -1,0 +1,337 @@
+/**
+ * Flow control (issue 26): per-key concurrency and rates enforced in the
+ * claim, slots given back by the statement that settles, recovers or
+ * cancels, a 429 pausing the key for every pass, fair turns between keys of
+ * a queue, and limits, pauses and weights changed at run time.
+ */
+import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import {
+  cancelRun,
+  ConfigError,
+  defineTask,
+  enqueue,
+  enqueueMany,
+  InvalidEnqueueError,
+  limitStatus,
+  pauseKey,
+  pauseQueue,
+  RateLimitedError,
+  recover,
+  resumeKey,
+  resumeQueue,
+  setLimit,
+  setWeight,
+  startRun,
+  step,
+  tick,
+} from '../src/index.js';
+import { claim } from '../src/pass/claim.js';
+import { toExecutor } from '../src/db/executor.js';
+import { closePool, freshDb, type TestDb } from './support/db.js';
+
+/** A clock the tests move by hand: rows are claimed and settled at these times. */
+const T0 = new Date(Date.now() + 60_000);
+const at = (ms: number) => new Date(T0.getTime() + ms);
+
+/** What ran, and the most that ran at once, per key. */
+function tracker() {
+  const running = new Map<string, number>();
+  const most = new Map<string, number>();
+  const ran: string[] = [];
+  return {
+    ran,
+    most,
+    async hold(key: string, label: string, ms: number) {
+      const n = (running.get(key) ?? 0) + 1;
+      running.set(key, n);
+      most.set(key, Math.max(most.get(key) ?? 0, n));
+      ran.push(label);
+      await new Promise((r) => setTimeout(r, ms));
+      running.set(key, running.get(key)! - 1);
+    },
+  };
+}
+
+async function keyRow(db: TestDb, key: string) {
+  const [row] = await db.rows<{ running: number; starts: [number, number, number, number][]; paused_until: Date | null; wake_at: Date | null }>(
+    `SELECT running, starts, paused_until, wake_at FROM outlive.limits WHERE key = $1`,
+    [key],
+  );
+  return row;
+}
+
+const request = (names: string[], now: Date | null, limit = 100) => ({
+  owner: `test-${Math.random()}`,
+  limit,
+  maxTimeoutMs: 60_000,
+  queues: null,
+  names,
+  leaseGraceMs: 1_000,
+  leaseMs: 30_000,
+  now,
+});
+
+describe('per-key concurrency', () => {
+  it('never runs more than the limit of a key across concurrent passes, and gives every slot back', async () => {
+    const db = await freshDb();
+    const t = tracker();
+    const ran: number[] = [];
+    const call = defineTask({
+      name: 'call-api',
+      input: z.object({ n: z.number(), customer: z.string() }),
+      limits: [
+        { key: 'api', concurrency: 3 },
+        { key: (i) => `import:${i.customer}`, concurrency: 1 },
+      ],
+      async run({ n, customer }) {
+        ran.push(n);
+        await Promise.all([t.hold('api', `${n}`, 15 + (n % 4) * 5), t.hold(`import:${customer}`, `${n}`, 15 + (n % 4) * 5)]);
+      },
+    });
+    await enqueueMany(db.pool, call, Array.from({ length: 40 }, (_, n) => ({ n, customer: `c${n % 5}` })));
+    const pools = Array.from({ length: 4 }, () => db.newPool({ max: 3 }));
+    const deadline = Date.now() + 30_000;
+    while (Date.now() < deadline) {
+      const reports = await Promise.all(pools.map((pool) => tick(pool, { tasks: [call], concurrency: 8, budgetMs: 20_000 })));
+      if (reports.every((r) => r.claimed === 0)) break;
+    }
+    await Promise.all(pools.map(closePool));
+    expect(ran.sort((a, b) => a - b)).toEqual(Array.from({ length: 40 }, (_, n) => n));
+    expect(t.most.get('api')).toBe(3);
+    for (let c = 0; c < 5; c++) expect(t.most.get(`import:c${c}`)).toBe(1);
+    const keys = await db.rows<{ key: string; running: number }>(`SELECT key, running FROM outlive.limits ORDER BY key`);
+    expect(keys.map((k) => k.running)).toEqual(keys.map(() => 0));
+    expect(keys.map((k) => k.key)).toEqual(['api', 'import:c0', 'import:c1', 'import:c2', 'import:c3', 'import:c4']);
+  });
+
+  it('a claim takes only what fits and leaves the rest out of its way until a slot is given back', async () => {
+    const db = await freshDb();
+    const slow = defineTask({ name: 'slow', input: z.object({ n: z.number() }), limits: [{ key: 'k', concurrency: 2 }], run: () => undefined });
+    await enqueueMany(db.pool, slow, Array.from({ length: 50 }, (_, n) => ({ n })));
+    const exec = toExecutor(db.pool);
+    const first = await claim(exec, request(['slow'], null));
+    expect(first).toHaveLength(2);
+    expect(first[0]!.limits).toEqual([{ k: 'k', n: 2 }]);
+    // The others wait for the key: out of the claim's index, not read again.
+    const [{ n: blocked }] = await db.rows<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.tasks WHERE blocked_on = 'k'`);
+    expect(blocked).toBeGreaterThan(0);
+    expect(await claim(exec, request(['slow'], null))).toHaveLength(0);
+    expect(await db.rows(`SELECT 1 FROM outlive.limits WHERE key = 'k' AND wake_at = 'infinity'`)).toHaveLength(1);
+    // The first settles: its slot comes back, and the key wakes its waiting tasks.
+    const { settle } = await import('../src/pass/settle.js');
+    const owner = (await db.rows<{ o: string }>(`SELECT lease_owner AS o FROM outlive.tasks WHERE id = $1`, [first[0]!.id]))[0]!.o;
+    const settled = await settle(db.pool, owner, [{ id: first[0]!.id, runId: null, attempt: 1, governed: true, state: 'succeeded', output: null }], null);
+    expect(settled).toHaveLength(1);
+    const next = await claim(exec, request(['slow'], null));
+    expect(next).toHaveLength(1);
+    expect((await keyRow(db, 'k'))!.running).toBe(2);
+  });
+
+  it('gives the slot back when the task is settled, recovered or cancelled, and a stale settle gives back nothing', async () => {
+    const db = await freshDb();
+    let fail = false;
+    const task = defineTask({
+      name: 'guarded',
+      input: z.object({ n: z.number() }),
+      retry: { maxAttempts: 3 },
+      limits: [{ key: 'g', concurrency: 1 }],
+      timeoutMs: 1_000,
+      run() {
+        if (fail) throw new Error('boom');
+      },
+    });
+    // Recovered: the pass died holding it.
+    const { id } = await enqueue(db.pool, task, { n: 1 });
+    const [claimed] = await claim(toExecutor(db.pool), request(['guarded'], T0));
+    expect(claimed!.id).toBe(id);
+    expect((await keyRow(db, 'g'))!.running).toBe(1);
+    const report = await recover(db.pool, { now: at(10_000) });
+    expect(report.retried).toBe(1);
+    expect((await keyRow(db, 'g'))!.running).toBe(0);
+    // The dead pass's late settle matches nothing and gives back nothing.
+    const { settle } = await import('../src/pass/settle.js');
+    const stale = await settle(db.pool, 'test-dead', [{ id, runId: null, attempt: 1, governed: true, state: 'succeeded', output: null }], at(10_000));
+    expect(stale).toEqual([]);
+    expect((await keyRow(db, 'g'))!.running).toBe(0);
+    // Retried, it fails for good: its slot comes back with the settle.
+    fail = true;
+    await tick(db.pool, { tasks: [task], now: at(20_000) });
+    await tick(db.pool, { tasks: [task], now: at(40_000) });
+    const [row] = await db.rows<{ state: string; attempts: number }>(`SELECT state::text, attempts FROM outlive.tasks WHERE id = $1`, [id]);
+    expect(row).toEqual({ state: 'failed', attempts: 3 });
+    expect((await keyRow(db, 'g'))!.running).toBe(0);
+    // Cancelled while running: the cancel gives the slot back.
+    const run = await startRun(db.pool, 'one', { a: step(task, { n: 2 }) });
+    const [running] = await claim(toExecutor(db.pool), request(['guarded'], null));
+    expect(running!.id).toBe(run.tasks.a);
+    expect((await keyRow(db, 'g'))!.running).toBe(1);
+    await cancelRun(db.pool, run.id);
+    expect((await keyRow(db, 'g'))!.running).toBe(0);
+  });
+
+  it('takes a limit changed at run time at the next claim', async () => {
+    const db = await freshDb();
+    const task = defineTask({ name: 'tunable', input: z.object({ n: z.number() }), limits: [{ key: 't', concurrency: 5 }], run: () => undefined });
+    await enqueueMany(db.pool, task, Array.from({ length: 10 }, (_, n) => ({ n })));
+    await setLimit(db.pool, 't', { concurrency: 2 });
+    expect(await claim(toExecutor(db.pool), request(['tunable'], null))).toHaveLength(2);
+    await setLimit(db.pool, 't', { concurrency: null });
+    expect(await claim(toExecutor(db.pool), request(['tunable'], null))).toHaveLength(3);
+    expect(await limitStatus(db.pool, ['t'])).toEqual([
+      expect.objectContaining({ key: 't', running: 5, concurrency: null, waiting: 5 }),
+    ]);
+  });
+});
+
+describe('rate limits', () => {
+  it('never lets a window of the period hold more than the limit, and starts again as the window slides', async () => {
+    const db = await freshDb();
+    const task = defineTask({ name: 'rated', input: z.object({ n: z.number() }), limits: [{ key: 'r', rate: { limit: 3, periodMs: 60_000 } }], run: () => undefined });
+    await enqueueMany(db.pool, task, Array.from({ length: 7 }, (_, n) => ({ n })));
+    const started = async (ms: number) => (await tick(db.pool, { tasks: [task], now: at(ms) })).claimed;
+    expect(await started(0)).toBe(3);
+    expect(await started(30_000)).toBe(0);
+    // The key wakes when the first start leaves the window, not before.
+    expect((await keyRow(db, 'r'))!.wake_at?.getTime()).toBe(at(60_000).getTime());
+    expect(await started(59_999)).toBe(0);
+    expect(await started(60_001)).toBe(3);
+    expect(await started(60_002)).toBe(0);
+    expect(await started(120_002)).toBe(1);
+  });
+
+  it('reserves the estimated cost at the claim and corrects it with the reported cost at the settle', async () => {
+    const db = await freshDb();
+    const task = defineTask({
+      name: 'tokens',
+      input: z.object({ est: z.number(), used: z.number() }),
+      limits: [{ key: 'tok', rate: { limit: 100, periodMs: 60_000 }, cost: (i) => i.est }],
+      run({ used }, ctx) {
+        ctx.reportCost(used);
+      },
+    });
+    await enqueue(db.pool, task, { est: 60, used: 10 });
+    await enqueue(db.pool, task, { est: 50, used: 50 });
+    // 60 + 50 > 100: one starts.
+    expect((await tick(db.pool, { tasks: [task], now: at(0) })).claimed).toBe(1);
+    // It used 10: the window holds 10, so the other fits now.
+    expect((await keyRow(db, 'tok'))!.starts.map((s) => s[1])).toEqual([10]);
+    expect((await tick(db.pool, { tasks: [task], now: at(1_000) })).claimed).toBe(1);
+    expect((await keyRow(db, 'tok'))!.starts.map((s) => s[1])).toEqual([10, 50]);
+    await expect(enqueue(db.pool, task, { est: 101, used: 0 })).rejects.toThrow(
+      new InvalidEnqueueError('outlout: cannot enqueue "tokens": a start costing 101 can never fit the rate of key "tok" (100 per 60000 ms)'.replace('outlout', 'outlive')),
+    );
+  });
+
+  it('a 429 pauses the key for every pass until its Retry-After, and the task waits without spending an attempt', async () => {
+    const db = await freshDb();
+    let refuse = true;
+    const ran: number[] = [];
+    const task = defineTask({
+      name: 'provider',
+      input: z.object({ n: z.number() }),
+      retry: { maxAttempts: 2 },
+      limits: [{ key: 'openai', concurrency: 5 }],
+      run({ n }) {
+        ran.push(n);
+        if (refuse && n === 0) throw new RateLimitedError({ key: 'openai', retryAfterMs: 20_000 });
+      },
+    });
+    const first = await enqueue(db.pool, task, { n: 0 });
+    expect(await tick(db.pool, { tasks: [task], now: at(0) })).toMatchObject({ claimed: 1 });
+    const [row] = await db.rows<{ state: string; attempts: number }>(`SELECT state::text, attempts FROM outlive.tasks WHERE id = $1`, [first.id]);
+    expect(row).toEqual({ state: 'pending', attempts: 0 });
+    expect((await keyRow(db, 'openai'))!.paused_until?.getTime()).toBe(at(20_000).getTime());
+    await enqueue(db.pool, task, { n: 1 });
+    refuse = false;
+    expect((await tick(db.pool, { tasks: [task], now: at(10_000) })).claimed).toBe(0);
+    expect((await tick(db.pool, { tasks: [task], now: at(19_999) })).claimed).toBe(0);
+    expect((await tick(db.pool, { tasks: [task], now: at(20_001) })).claimed).toBe(2);
+    expect(ran.sort()).toEqual([0, 0, 1]);
+    expect((await keyRow(db, 'openai'))!.running).toBe(0);
+  });
+
+  it('pauseKey and resumeKey, by hand', async () => {
+    const db = await freshDb();
+    const task = defineTask({ name: 'pausable', input: z.object({}), limits: [{ key: 'p', concurrency: 1 }], run: () => undefined });
+    await pauseKey(db.pool, 'p', { reason: 'provider incident' });
+    await enqueue(db.pool, task, {});
+    expect((await tick(db.pool, { tasks: [task] })).claimed).toBe(0);
+    expect(await resumeKey(db.pool, 'p')).toBe(true);
+    expect((await tick(db.pool, { tasks: [task] })).claimed).toBe(1);
+  });
+});
+
+describe('queues', () => {
+  it('pauseQueue stops every claim of the queue, with or without limits, until resumeQueue', async () => {
+    const db = await freshDb();
+    const plain = defineTask({ name: 'plain', input: z.object({}), queue: 'imports', run: () => undefined });
+    const limited = defineTask({ name: 'limited', input: z.object({}), queue: 'imports', limits: [{ key: 'x', concurrency: 1 }], run: () => undefined });
+    const other = defineTask({ name: 'other', input: z.object({}), run: () => undefined });
+    await pauseQueue(db.pool, 'imports', { reason: 'deploying' });
+    await enqueue(db.pool, plain, {});
+    await enqueue(db.pool, limited, {});
+    await enqueue(db.pool, other, {});
+    expect((await tick(db.pool, { tasks: [plain, limited, other] })).claimed).toBe(1);
+    expect(await resumeQueue(db.pool, 'imports')).toBe(true);
+    expect((await tick(db.pool, { tasks: [plain, limited, other] })).claimed).toBe(2);
+  });
+});
+
+describe('fair sharing', () => {
+  const page = defineTask({
+    name: 'page',
+    input: z.object({ customer: z.string(), n: z.number() }),
+    fairness: { key: (i) => i.customer },
+    run: () => undefined,
+  });
+  const order = async (db: TestDb, limit: number) =>
+    (await claim(toExecutor(db.pool), request(['page'], null, limit))).map((t) => (t.input as { customer: string }).customer);
+
+  it('a key with a backlog does not delay a key with one task', async () => {
+    const db = await freshDb();
+    await enqueueMany(db.pool, page, Array.from({ length: 2_000 }, (_, n) => ({ customer: 'big', n })));
+    expect(await order(db, 10)).toEqual(Array(10).fill('big'));
+    await enqueue(db.pool, page, { customer: 'small', n: 0 });
+    // One claim of two: the head of the backlog and the newcomer.
+    expect((await order(db, 2)).sort()).toEqual(['big', 'small']);
+  });
+
+  it('serves weighted keys in proportion to their weights', async () => {
+    const db = await freshDb();
+    await setWeight(db.pool, 'default', 'gold', 3);
+    await enqueueMany(db.pool, page, Array.from({ length: 100 }, (_, n) => ({ customer: 'gold', n })));
+    await enqueueMany(db.pool, page, Array.from({ length: 100 }, (_, n) => ({ customer: 'free', n })));
+    const got = await order(db, 80);
+    // 3 turns to 1: 60 of 80, give or take the newcomer's first turn.
+    expect(got.filter((c) => c === 'gold').length).toBeGreaterThanOrEqual(59);
+    expect(got.filter((c) => c === 'gold').length).toBeLessThanOrEqual(61);
+  });
+
+  it('places steps of runs and retried tasks in turn when they become ready', async () => {
+    const db = await freshDb();
+    await enqueueMany(db.pool, page, Array.from({ length: 500 }, (_, n) => ({ customer: 'big', n })));
+    const run = await startRun(db.pool, 'later', { s: step(page, { customer: 'late', n: 0 }) });
+    const [row] = await db.rows<{ vt: number | null }>(`SELECT vt FROM outlive.tasks WHERE id = $1`, [run.tasks.s]);
+    expect(row!.vt).toBeNull();
+    expect((await order(db, 2)).sort()).toEqual(['big', 'late']);
+  });
+});
+
+describe('bad input', () => {
+  it('refuses limits that cannot work when the task is defined, and keys that cannot be computed at enqueue', async () => {
+    const make = (limits: unknown) => () => defineTask({ name: 'bad', input: z.object({}), limits: limits as never, run: () => undefined });
+    expect(make([{ key: 'a' }])).toThrow(new ConfigError('outlive: task "bad": limits[0] needs concurrency or rate'));
+    expect(make([{ key: 'a', concurrency: 0 }])).toThrow(/concurrency must be a whole number from 1/);
+    expect(make([{ key: 'a', concurency: 2 }])).toThrow(/unknown option\(s\) concurency/);
+    expect(make([{ key: '', concurrency: 1 }])).toThrow(/key must be a non-empty string/);
+    expect(make([{ key: 'a', concurrency: 1, cost: 3 }])).toThrow(/cost counts against a rate: give rate too/);
+    const db = await freshDb();
+    const keyed = defineTask({ name: 'keyed', input: z.object({ c: z.string() }), limits: [{ key: (i) => i.c, concurrency: 1 }], run: () => undefined });
+    await expect(enqueue(db.pool, keyed, { c: '' })).rejects.toThrow(/limits\[0\]\.key must be a non-empty string/);
+    await expect(setLimit(db.pool, 'k', { concurrency: -1 })).rejects.toThrow(/concurrency must be a whole number/);
+    await expect(setLimit(db.pool, 'k', { conc: 1 } as never)).rejects.toThrow(/unknown option\(s\) conc/);
+    expect(() => new RateLimitedError({ key: 'k', retryAfterMs: Number.NaN })).toThrow(/retryAfterMs must be a finite number/);
+    expect(await db.rows(`SELECT * FROM outlive.tasks`)).toEqual([]);
+  });
+});
