@@ -143,7 +143,7 @@ describe('claim', () => {
   });
 
   it('runs CLAIM_SQL, character for character, inside outlive.claim', async () => {
-    const { CLAIM_SQL, CLAIM_FUNCTION } = await import('../src/pass/claim.js');
+    const { CLAIM_SQL, PLAIN_CLAIM_FUNCTION: CLAIM_FUNCTION } = await import('../src/pass/claim.js');
     const [fn] = await db.rows<{ src: string; config: string[] }>(
       `SELECT prosrc AS src, proconfig AS config FROM pg_proc WHERE oid = to_regprocedure($1)`,
       [CLAIM_FUNCTION],

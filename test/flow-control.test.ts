@@ -114,7 +114,7 @@ describe('per-key concurrency', () => {
     expect(first).toHaveLength(2);
     expect(first[0]!.limits).toEqual([{ k: 'k', n: 2 }]);
     // The others wait for the key: out of the claim's index, not read again.
-    const [{ n: blocked }] = await db.rows<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.tasks WHERE blocked_on = 'k'`);
+    const [{ n: blocked }] = (await db.rows<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.tasks WHERE blocked_on = 'k'`)) as [{ n: number }];
     expect(blocked).toBeGreaterThan(0);
     expect(await claim(exec, request(['slow'], null))).toHaveLength(0);
     expect(await db.rows(`SELECT 1 FROM outlive.limits WHERE key = 'k' AND wake_at = 'infinity'`)).toHaveLength(1);

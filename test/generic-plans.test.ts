@@ -4,7 +4,8 @@
  * dearer than the custom ones (plan_cache_mode = auto, the default), and
  * always under force_generic_plan, which an operator may set. This file
  * records every statement a worker's work sends (passes with plain tasks,
- * retries, failures, runs with fan-out, spawns and skips, heartbeats,
+ * retries, failures, runs with fan-out, spawns and skips, tasks with limits
+ * and fairness, heartbeats,
  * recovery, retention, schedules), then plans each one generically on a
  * database shaped like a busy one (tens of thousands of finished rows, a
  * 30,000-edge run, a large fan-out, running work) and fails on a plan that
@@ -17,6 +18,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import {
   applyRetention,
+  enqueueMany,
   defineSchedule,
   defineTask,
   enqueue,
@@ -86,7 +88,21 @@ async function workload() {
       ctx.spawn('sum', step(sum, {}, { after: ['p0', 'p1', 'p2', 'p3', 'p4'] }));
     },
   });
-  const tasks = [ok, gone, retried, broken, slow, page, sum, first, fanOut];
+  let throttled = 0;
+  const limited = defineTask({
+    name: 'limited',
+    input: z.object({ c: z.string() }),
+    retry: { maxAttempts: 3, backoff: { baseMs: 1_000, jitter: 'none' } },
+    limits: [{ key: 'api', concurrency: 2 }, { key: 'tokens', rate: { limit: 100, periodMs: 60_000 }, cost: 10 }],
+    fairness: { key: (i) => i.c },
+    run: (_i, ctx) => {
+      if (++throttled === 1) throw new Error('once');
+      ctx.reportCost(5);
+    },
+  });
+  const tasks = [ok, gone, retried, broken, slow, page, sum, first, fanOut, limited];
+  await enqueueMany(db.pool, limited, [{ c: 'a' }, { c: 'a' }, { c: 'b' }]);
+  await startRun(db.pool, 'limited', { a: step(limited, { c: 'a' }), b: step(limited, { c: 'b' }, { after: ['a'] }) });
 
   for (let n = 0; n < 3; n++) await enqueue(db.pool, ok, { n }, { key: `k${n}` });
   await enqueue(db.pool, gone, {});
@@ -168,7 +184,7 @@ describe('generic plans', () => {
     // The workload reaches the claim, the settles, recovery, retention and the
     // schedules. The claim is a call of outlive.claim, whose own plan is
     // checked in test/claim.test.ts.
-    const kinds = ['outlive.claim(', 'UPDATE outlive.tasks t\nSET state = \'succeeded\'', 'DELETE FROM outlive.tasks t', 'WITH expired AS', 'WITH doomed AS', 'outlive.schedules'];
+    const kinds = ['outlive.claim_tasks(', 'UPDATE outlive.tasks t\nSET state = \'succeeded\'', 'DELETE FROM outlive.tasks t', 'WITH expired AS', 'WITH doomed AS', 'outlive.schedules'];
     for (const kind of kinds) expect(statements.some(([text]) => text.includes(kind)), kind).toBe(true);
     expect(statements.length).toBeGreaterThan(20);
 

@@ -48,7 +48,7 @@ describe('named statements the connection lost', () => {
     const pool = onePool();
     await enqueue(pool, double, { n: 1 });
     expect(await tick(pool, { tasks: [double] })).toMatchObject({ claimed: 1, succeeded: 1 });
-    // The driver still believes outlive_claim_names and outlive_succeed are prepared.
+    // The driver still believes outlive_claim_tasks and outlive_succeed are prepared.
     await pool.query('DEALLOCATE ALL');
     const ids = [];
     for (let n = 0; n < 5; n++) ids.push((await enqueue(pool, double, { n })).id);
@@ -62,7 +62,7 @@ describe('named statements the connection lost', () => {
 
   it('a statement already prepared under the name the pass uses does not fail the pass', async () => {
     const pool = onePool();
-    await pool.query(`PREPARE outlive_claim_names AS SELECT 1`);
+    await pool.query(`PREPARE outlive_claim_tasks AS SELECT 1`);
     const { id } = await enqueue(pool, double, { n: 2 });
     expect(await tick(pool, { tasks: [double] })).toMatchObject({ claimed: 1, succeeded: 1 });
     expect(await states([id])).toEqual(['succeeded']);
@@ -73,7 +73,7 @@ describe('named statements the connection lost', () => {
     const pool = onePool();
     // The claim is prepared as usual; the settle's name is taken, as on a
     // server connection another client prepared it on.
-    await pool.query(`PREPARE outlive_settle_v3 AS SELECT 1`);
+    await pool.query(`PREPARE outlive_settle_v4 AS SELECT 1`);
     const run = await startRun(pool, 'lost', { a: step(flaky, { fail: true }), b: step(flaky, { fail: false }, { after: ['a'] }) });
     const report = await tick(pool, { tasks: [flaky] });
     expect(report).toMatchObject({ claimed: 1, failed: 1, lostLeases: 0 });

@@ -367,7 +367,11 @@ describe('the functions outlive defines', () => {
     expect(functions.map((f) => f.fn)).toEqual([
       'outlive.claim(timestamp with time zone,integer,text[],integer,text,integer,integer)',
       'outlive.claim(timestamp with time zone,integer,text[],integer,text,integer,integer,text[])',
+      'outlive.claim_governed(timestamp with time zone,integer,text[],integer,text,integer,integer,text[])',
+      'outlive.claim_tasks(timestamp with time zone,integer,text[],integer,text,integer,integer,text[])',
+      'outlive.fair_start(text,text)',
       'outlive.notify_ready()',
+      'outlive.release_slots(jsonb,timestamp with time zone)',
     ]);
     for (const f of functions) expect(f.config, f.fn).toContain('search_path=pg_catalog, pg_temp');
   });

@@ -196,6 +196,7 @@ BEGIN
   WHERE l.key = b.lkey;
   GET DIAGNOSTICS released = ROW_COUNT;
   -- A provider's 429: no task of the key starts before its Retry-After.
+  IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(items) i WHERE jsonb_typeof(i->3->'pause') = 'object') THEN RETURN released; END IF;
   INSERT INTO outlive.limits AS l (key, paused_until, paused_reason, updated_at)
   SELECT p->>'key', max(t_now + ((p->>'ms')::float8 * interval '1 millisecond')), max(p->>'reason'), t_now
   FROM (SELECT i->3->'pause' AS p FROM jsonb_array_elements(items) i) x

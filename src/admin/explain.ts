@@ -5,7 +5,9 @@
 import { toExecutor, toPool, type Database } from '../db/executor.js';
 import { nobodyRuns, readKnownTasks, type KnownTasks } from '../pass/known-tasks.js';
 import { heldUntil } from '../pass/recover.js';
+import type { RowLimit } from '../model/limits.js';
 import type { RunState, TaskState } from '../model/states.js';
+import { keyWait, readKeyStates, type KeyState } from './queries.js';
 
 /** One task of a run, explained. */
 export interface ExplainedTask {
@@ -47,8 +49,10 @@ SELECT t.id::text, t.step, t.name, t.state::text, t.attempts, t.max_attempts, t.
          coalesce((SELECT pg_catalog.array_agg(p.step ORDER BY p.id)
                    FROM outlive.task_deps d JOIN outlive.tasks p ON p.id OPERATOR(pg_catalog.=) d.depends_on
                    WHERE d.task_id OPERATOR(pg_catalog.=) t.id AND p.state OPERATOR(pg_catalog.<>) 'succeeded'), '{}')
-       ELSE '{}' END AS waiting_for
-FROM outlive.tasks t WHERE t.run_id OPERATOR(pg_catalog.=) $1 ORDER BY t.id`;
+       ELSE '{}' END AS waiting_for,
+       t.queue, t.limits, t.blocked_on, qp.queue IS NOT NULL AS queue_paused, qp.reason AS queue_paused_reason
+FROM outlive.tasks t LEFT JOIN outlive.queue_pauses qp ON qp.queue OPERATOR(pg_catalog.=) t.queue
+WHERE t.run_id OPERATOR(pg_catalog.=) $1 ORDER BY t.id`;
 
 function list(names: string[]): string {
   const shown = names.slice(0, 5).map((n) => `"${n}"`).join(', ');
@@ -68,8 +72,12 @@ export interface WhyFacts {
   waiting_for: string[];
 }
 
-/** Why a task is in its state, in words; `known` tells a ready task nobody can run from one waiting its turn. */
-export function why(t: WhyFacts, now: Date, known: KnownTasks): string {
+/**
+ * Why a task is in its state, in words; `known` tells a ready task nobody can
+ * run from one waiting its turn, and `held`, where given, says what of flow
+ * control holds a ready task back (its queue's pause, one of its keys).
+ */
+export function why(t: WhyFacts, now: Date, known: KnownTasks, held: string | null = null): string {
   switch (t.state) {
     case 'pending':
       if (t.waiting_for.length > 0) return `waiting for ${list(t.waiting_for)} to succeed`;
@@ -78,6 +86,7 @@ export function why(t: WhyFacts, now: Date, known: KnownTasks): string {
           ? `backing off until ${t.run_at.toISOString()} after attempt ${t.attempts} of ${t.max_attempts} failed: ${t.last_error ?? 'unknown error'}`
           : `scheduled for ${t.run_at.toISOString()}`;
       }
+      if (held !== null) return held;
       return nobodyRuns(t.name, known, t.timeout_ms) ?? 'ready: waiting for a pass to claim it';
     case 'running':
       return `running attempt ${t.attempts} of ${t.max_attempts}, lease until ${t.lease_expires_at?.toISOString() ?? 'unknown'}`;
@@ -92,6 +101,60 @@ export function why(t: WhyFacts, now: Date, known: KnownTasks): string {
   }
 }
 
+/** The facts of a task row that say whether flow control holds it back. */
+interface FlowFacts {
+  queue: string;
+  limits: RowLimit[] | null;
+  blocked_on: string | null;
+  queue_paused: boolean;
+  queue_paused_reason: string | null;
+}
+
+/** The most distinct keys one explanation looks up: a run of thousands of steps, each with a key of its own, stays one cheap read. */
+const MAX_KEYS_EXPLAINED = 200;
+
+/** A ready task that flow control holds back: the key the claim will find full or paused, if any. */
+function ready(t: WhyFacts, now: Date): boolean {
+  return t.state === 'pending' && t.waiting_for.length === 0 && t.run_at <= now;
+}
+
+/**
+ * What holds back each ready task of a run that flow control governs: its
+ * queue's pause, else the first of its keys (in the order the claim checks
+ * them) that is paused, full or out of rate; a task last found waiting for
+ * a key that has room again says so. Null for a task nothing holds.
+ */
+async function heldBack(exec: ReturnType<typeof toExecutor>, rows: (WhyFacts & FlowFacts)[], now: Date): Promise<(string | null)[]> {
+  // The key of each (key, what the task declares of it) the run's ready tasks hold, looked up once.
+  const asked = new Map<string, { key: string; declared: RowLimit }>();
+  const id = (l: RowLimit) => JSON.stringify([l.k, l.n ?? null, l.r ?? null, l.p ?? null, l.c ?? null]);
+  // Keys tasks were found waiting for first, so the cap never drops those.
+  const governed = rows.filter((r) => ready(r, now) && !r.queue_paused && r.limits);
+  for (const pass of [true, false]) {
+    for (const r of governed) {
+      for (const l of r.limits!) {
+        if (asked.size >= MAX_KEYS_EXPLAINED) break;
+        if ((l.k === r.blocked_on) === pass) asked.set(id(l), { key: l.k, declared: l });
+      }
+    }
+  }
+  const states = new Map<string, KeyState>();
+  const found = await readKeyStates(exec, [...asked.values()], { now });
+  [...asked.keys()].forEach((k, i) => states.set(k, found[i]!));
+  return rows.map((r) => {
+    if (!ready(r, now)) return null;
+    if (r.queue_paused) return `waiting: queue ${r.queue} is paused${r.queue_paused_reason ? `: ${r.queue_paused_reason}` : ''}`;
+    if (!r.limits) return null;
+    for (const l of r.limits) {
+      const s = states.get(id(l));
+      const wait = s ? keyWait(s) : null;
+      if (wait) return `waiting: ${wait.text}`;
+    }
+    if (r.blocked_on !== null) return `waiting for key ${r.blocked_on}, which has room again: the next pass takes it`;
+    return null;
+  });
+}
+
 /** Lists a run's tasks with their states and, for each, why. Null if there is no such run. */
 export async function explainRun(db: Database, runId: string, options: { now?: Date } = {}): Promise<ExplainedRun | null> {
   const exec = toExecutor(toPool(db));
@@ -102,8 +165,9 @@ export async function explainRun(db: Database, runId: string, options: { now?: D
   const rows = await exec.query<{
     id: string; step: string | null; name: string; state: TaskState; attempts: number; max_attempts: number; run_at: Date;
     timeout_ms: number; lease_expires_at: Date | null; last_error: string | null; waiting_for: string[];
-  }>(TASKS_SQL, [runId]);
+  } & FlowFacts>(TASKS_SQL, [runId]);
   const known = await readKnownTasks(exec);
+  const held = await heldBack(exec, rows, run.now);
   const counts: Partial<Record<TaskState, number>> = {};
   for (const r of rows) counts[r.state] = (counts[r.state] ?? 0) + 1;
   return {
@@ -115,7 +179,7 @@ export async function explainRun(db: Database, runId: string, options: { now?: D
     createdAt: run.created_at,
     finishedAt: run.finished_at,
     counts,
-    tasks: rows.map((r) => ({
+    tasks: rows.map((r, i) => ({
       id: r.id,
       step: r.step,
       name: r.name,
@@ -125,7 +189,7 @@ export async function explainRun(db: Database, runId: string, options: { now?: D
       runAt: r.run_at,
       waitingFor: r.waiting_for,
       lastError: r.last_error,
-      why: why(r, run.now, known),
+      why: why(r, run.now, known, held[i] ?? null),
     })),
   };
 }

@@ -8,6 +8,7 @@ import type { ErrorEntry } from '../pass/execute.js';
 import { nobodyRuns, readKnownTasks } from '../pass/known-tasks.js';
 import { heldUntil } from '../pass/recover.js';
 import { RUN_STATES, TASK_STATES, type RunState, type TaskState } from '../model/states.js';
+import type { RowLimit } from '../model/limits.js';
 
 
 function exec(db: Database): Executor {
@@ -28,6 +29,10 @@ export interface StatusReport {
   failedLastHour: number;
   /** Ready tasks, by name, that no pass which ran lately knows: they wait for a deploy (or a cancel). */
   unrunnable: { name: string; ready: number; why: string }[];
+  /** The keys tasks wait for (at most 50), each with why: its pause, its concurrency or its rate; `wait` null when it has room again. */
+  waits: { key: string; waiting: number; waitingMore: boolean; wait: KeyWait | null; state: KeyState }[];
+  /** Paused queues: no claim takes their tasks. */
+  pausedQueues: QueuePause[];
   now: Date;
 }
 
@@ -38,7 +43,7 @@ function zeroes<S extends string>(states: readonly S[]): Record<S, number> {
 /** Counts by state and queue, the oldest ready task's wait, and the last hour's failures. */
 export async function status(db: Database): Promise<StatusReport> {
   const q = exec(db);
-  const [byQueue, runs, [extra], readyByName, known] = await Promise.all([
+  const [byQueue, runs, [extra], readyByName, known, waited, paused] = await Promise.all([
     q.query<{ queue: string; state: TaskState; n: number }>(
       `SELECT queue, state::text, pg_catalog.count(*)::int AS n FROM outlive.tasks GROUP BY 1, 2 ORDER BY 1, 2`,
     ),
@@ -58,6 +63,8 @@ export async function status(db: Database): Promise<StatusReport> {
        GROUP BY 1, 2 ORDER BY 1, 2`,
     ),
     readKnownTasks(q),
+    readWaitedKeys(q, { limit: 50 }),
+    readPausedQueues(q),
   ]);
   // Rows of one name may differ only in their timeouts; those no pass can
   // give are counted together, under the reason given for the longest.
@@ -87,6 +94,8 @@ export async function status(db: Database): Promise<StatusReport> {
     oldestReadyMs: extra!.oldest_ms === null ? null : Math.round(extra!.oldest_ms),
     failedLastHour: extra!.failed_hour,
     unrunnable,
+    waits: waited.map((state) => ({ key: state.key, waiting: state.waiting, waitingMore: state.waitingMore, wait: keyWait(state), state })),
+    pausedQueues: paused,
     now: extra!.now,
   };
 }
@@ -288,4 +297,286 @@ export async function listSchedules(db: Database): Promise<ScheduleSummary[]> {
   return rows.map((r) => ({
     name: r.name, cron: r.cron, timezone: r.timezone, task: r.task, lastSlot: r.last_slot, lastFiredAt: r.last_fired_at, nextSlot: r.next_slot,
   }));
+}
+
+// ---------------------------------------------------------------------------
+// Flow control as an operator sees it (issue 26): where each key stands, why
+// tasks wait for one, which queues are paused. Cheap on purpose: the keys come
+// from outlive.limits (one row per key) or from the partial index of waiting
+// tasks (tasks_blocked_idx), and waiting tasks are counted up to a cap, never
+// over the whole table.
+
+/** How many waiting tasks of one key are counted; past it a count reads "at least". */
+export const WAITING_CAP = 10_000;
+
+/** Where a key stands now. */
+export interface KeyState {
+  key: string;
+  /** False when the key has no row yet: no task of it was ever looked at by a claim, nor was it paused or set. */
+  known: boolean;
+  /** Tasks holding a slot of the key. */
+  running: number;
+  /** The concurrency in force: the override (setLimit), else what its tasks declare; null when it has none. */
+  concurrency: number | null;
+  /** True when `concurrency` is an override set at run time. */
+  concurrencySet: boolean;
+  /** The rate in force, overridden or declared; null when it has none. */
+  rate: { limit: number; periodMs: number } | null;
+  rateSet: boolean;
+  /** What the starts of the last period count against the rate; null without a rate. */
+  windowUsed: number | null;
+  /** What the next start of the key costs (its first waiting task's, else 1). */
+  nextCost: number;
+  /** When the next start fits the rate's window, if it does not fit now; null when it fits (or no start ever can). */
+  nextStartAt: Date | null;
+  /** The key's pause, if it is paused now. `until` null: until resumed. */
+  pause: KeyPause | null;
+  /** Tasks waiting for the key, counted up to {@link WAITING_CAP}. */
+  waiting: number;
+  /** True when more than `waiting` tasks wait (the count stopped at the cap). */
+  waitingMore: boolean;
+}
+
+/** A key's pause: till when, why, and who paused it as far as the row tells. */
+export interface KeyPause {
+  until: Date | null;
+  reason: string | null;
+  /**
+   * `rate-limited`: a task's RateLimitedError (a provider's 429) paused it;
+   * `hand`: pauseKey (the API, the CLI, the dashboard); null: the row does
+   * not say (a hand pause with an end and a reason of its own, or a
+   * RateLimitedError with a message of its own).
+   */
+  by: 'rate-limited' | 'hand' | null;
+}
+
+/** Why tasks wait for a key, if they do: the first of its limits that holds them, in the order the claim checks. */
+export interface KeyWait {
+  kind: 'paused' | 'concurrency' | 'rate';
+  /** In words: "5 of 5 running for key openai", "rate limit openai-tokens: next start at …", "key openai paused until … after a 429: …". */
+  text: string;
+}
+
+/** A paused queue. */
+export interface QueuePause {
+  queue: string;
+  reason: string | null;
+  pausedAt: Date;
+}
+
+/** The reason pauseKey writes when given none. */
+const HAND_REASON = 'paused by hand';
+/** How a RateLimitedError's own message begins (src/model/errors.ts), which a 429's pause keeps as its reason. */
+const RATE_LIMITED_REASON = /^rate limited on key "/;
+
+// One row per key asked for ($1: [{"key", "declared"}], in order), on the
+// clock $2 (null: the database's). What a key's tasks declare comes from the
+// caller (a task's own limits), else from its first waiting task, else from
+// the task of its last start: what the claim will hold the next start to.
+const KEY_STATES_SQL = `
+WITH clock AS (
+  SELECT coalesce($2::timestamptz, pg_catalog.now()) AS now_at,
+         extract(epoch FROM coalesce($2::timestamptz, pg_catalog.now())) OPERATOR(pg_catalog.*) 1000 AS now_ms
+), asked AS (
+  SELECT u.e OPERATOR(pg_catalog.->>) 'key' AS key, u.e OPERATOR(pg_catalog.->) 'declared' AS given, u.nth
+  FROM pg_catalog.jsonb_array_elements($1::jsonb) WITH ORDINALITY AS u(e, nth)
+), base AS (
+  SELECT a.key, a.nth, l.key IS NOT NULL AS known, coalesce(l.running, 0) AS running,
+         l.concurrency, l.seen_concurrency, l.rate_limit, l.rate_period_ms, l.starts, l.paused_until, l.paused_reason,
+         (SELECT pg_catalog.count(*)::int FROM (
+            SELECT 1 FROM outlive.tasks t
+            WHERE t.state OPERATOR(pg_catalog.=) 'pending' AND t.blocked_on OPERATOR(pg_catalog.=) a.key
+            LIMIT $3) w) AS waiting,
+         coalesce(
+           CASE WHEN pg_catalog.jsonb_typeof(a.given) OPERATOR(pg_catalog.=) 'object' THEN a.given END,
+           (SELECT x.e FROM (SELECT t.limits FROM outlive.tasks t
+                             WHERE t.state OPERATOR(pg_catalog.=) 'pending' AND t.blocked_on OPERATOR(pg_catalog.=) a.key
+                             ORDER BY t.vt, t.id LIMIT 1) h,
+                   pg_catalog.jsonb_array_elements(h.limits) AS x(e)
+            WHERE (x.e OPERATOR(pg_catalog.->>) 'k') OPERATOR(pg_catalog.=) a.key LIMIT 1),
+           (SELECT x.e FROM outlive.tasks t, pg_catalog.jsonb_array_elements(t.limits) AS x(e)
+            WHERE t.id OPERATOR(pg_catalog.=) ((l.starts OPERATOR(pg_catalog.->) '-1'::int) OPERATOR(pg_catalog.->>) 2)::bigint
+              AND (x.e OPERATOR(pg_catalog.->>) 'k') OPERATOR(pg_catalog.=) a.key LIMIT 1)) AS declared
+  FROM asked a LEFT JOIN outlive.limits l ON l.key OPERATOR(pg_catalog.=) a.key
+), rated AS (
+  SELECT b.*,
+         coalesce(b.rate_limit::float8, (b.declared OPERATOR(pg_catalog.->>) 'r')::float8) AS lim,
+         coalesce(b.rate_period_ms::float8, (b.declared OPERATOR(pg_catalog.->>) 'p')::float8) AS per,
+         coalesce((b.declared OPERATOR(pg_catalog.->>) 'c')::float8, 1) AS cost
+  FROM base b
+)
+SELECT r.key, r.known, r.running, r.concurrency, coalesce((r.declared OPERATOR(pg_catalog.->>) 'n')::int, r.seen_concurrency) AS declared_concurrency,
+       r.rate_limit, r.lim, r.per, r.cost, r.waiting,
+       (r.paused_until OPERATOR(pg_catalog.>) c.now_at) IS TRUE AS paused,
+       CASE WHEN pg_catalog.isfinite(r.paused_until) THEN r.paused_until END AS paused_until, r.paused_reason,
+       CASE WHEN r.lim IS NOT NULL THEN w.used END AS used,
+       CASE WHEN r.lim IS NOT NULL AND (w.used OPERATOR(pg_catalog.+) r.cost) OPERATOR(pg_catalog.>) r.lim THEN (
+         SELECT z.at OPERATOR(pg_catalog.+) r.per FROM (
+           SELECT (s.e OPERATOR(pg_catalog.->>) 0)::float8 AS at,
+                  pg_catalog.sum((s.e OPERATOR(pg_catalog.->>) 1)::float8) OVER (ORDER BY (s.e OPERATOR(pg_catalog.->>) 0)::float8 ROWS UNBOUNDED PRECEDING) AS freed
+           FROM pg_catalog.jsonb_array_elements(r.starts) AS s(e)
+           WHERE (s.e OPERATOR(pg_catalog.->>) 0)::float8 OPERATOR(pg_catalog.>) (c.now_ms OPERATOR(pg_catalog.-) r.per)) z
+         WHERE ((w.used OPERATOR(pg_catalog.-) z.freed) OPERATOR(pg_catalog.+) r.cost) OPERATOR(pg_catalog.<=) r.lim
+         ORDER BY z.at LIMIT 1) END AS next_ms
+FROM rated r CROSS JOIN clock c
+CROSS JOIN LATERAL (
+  SELECT coalesce(pg_catalog.sum((s.e OPERATOR(pg_catalog.->>) 1)::float8), 0) AS used
+  FROM pg_catalog.jsonb_array_elements(coalesce(r.starts, '[]'::jsonb)) AS s(e)
+  WHERE (s.e OPERATOR(pg_catalog.->>) 0)::float8 OPERATOR(pg_catalog.>) (c.now_ms OPERATOR(pg_catalog.-) r.per)
+) w
+ORDER BY r.nth`;
+
+interface KeyStateRow {
+  key: string; known: boolean; running: number; concurrency: number | null; declared_concurrency: number | null;
+  rate_limit: number | null; lim: number | null; per: number | null; cost: number; waiting: number;
+  paused: boolean; paused_until: Date | null; paused_reason: string | null; used: number | null; next_ms: number | null;
+}
+
+function toKeyState(r: KeyStateRow, cap: number): KeyState {
+  const reason = r.paused_reason;
+  const by = !r.paused ? null
+    : r.paused_until === null || reason === HAND_REASON ? 'hand'
+      : reason !== null && RATE_LIMITED_REASON.test(reason) ? 'rate-limited' : null;
+  return {
+    key: r.key,
+    known: r.known,
+    running: r.running,
+    concurrency: r.concurrency ?? r.declared_concurrency,
+    concurrencySet: r.concurrency !== null,
+    rate: r.lim === null || r.per === null ? null : { limit: r.lim, periodMs: r.per },
+    rateSet: r.rate_limit !== null,
+    windowUsed: r.used,
+    nextCost: r.cost,
+    nextStartAt: r.next_ms === null ? null : new Date(Math.ceil(r.next_ms)),
+    pause: r.paused ? { until: r.paused_until, reason, by } : null,
+    waiting: Math.min(r.waiting, cap - 1),
+    waitingMore: r.waiting >= cap,
+  };
+}
+
+/**
+ * Where each of these keys stands (in the order given; a key without a row
+ * reads as idle). `declared` is what one task declares of the key, to judge
+ * its next start by; left out, the key's first waiting task's is taken.
+ */
+export async function readKeyStates(
+  q: Executor,
+  keys: readonly { key: string; declared?: RowLimit | null }[],
+  options: { now?: Date; waitingCap?: number } = {},
+): Promise<KeyState[]> {
+  if (keys.length === 0) return [];
+  // One more than the cap is counted, to tell "exactly the cap" from "more".
+  const cap = (options.waitingCap ?? WAITING_CAP) + 1;
+  const asked = JSON.stringify(keys.map((k) => ({ key: k.key, declared: k.declared ?? null })));
+  const rows = await q.query<KeyStateRow>(KEY_STATES_SQL, [asked, options.now ?? null, cap]);
+  return rows.map((r) => toKeyState(r, cap));
+}
+
+/** Where each of these keys stands; see {@link readKeyStates}. */
+export function keyStates(db: Database, keys: readonly string[], options: { now?: Date } = {}): Promise<KeyState[]> {
+  return readKeyStates(exec(db), keys.map((key) => ({ key })), options);
+}
+
+// The keys, those that matter now first (paused, with tasks waiting, with
+// tasks running), then by name; and how many keys there are in all.
+const LIST_KEYS_SQL = `
+SELECT l.key, pg_catalog.count(*) OVER () AS total FROM outlive.limits l
+WHERE $1::text[] IS NULL OR l.key OPERATOR(pg_catalog.=) ANY ($1::text[])
+ORDER BY (l.paused_until OPERATOR(pg_catalog.>) coalesce($2::timestamptz, pg_catalog.now())) IS TRUE DESC,
+         l.wake_at IS NOT NULL DESC, (l.running OPERATOR(pg_catalog.>) 0) DESC, l.key
+LIMIT $3`;
+
+/**
+ * The keys of outlive.limits with where each stands, sorted by name: at most
+ * `limit`, those paused, with tasks waiting or running taken first when
+ * there are more. `total` counts them all.
+ */
+export async function listKeys(
+  db: Database,
+  options: { keys?: readonly string[]; limit?: number; now?: Date } = {},
+): Promise<{ keys: KeyState[]; total: number }> {
+  const q = exec(db);
+  const rows = await q.query<{ key: string; total: string }>(LIST_KEYS_SQL, [options.keys ?? null, options.now ?? null, options.limit ?? 100]);
+  const keys = await readKeyStates(q, rows.map((r) => ({ key: r.key })).sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)), options);
+  return { keys, total: rows.length === 0 ? 0 : Number(rows[0]!.total) };
+}
+
+// The distinct keys tasks wait for, one index probe each (a skip scan of
+// tasks_blocked_idx), however many tasks wait.
+const WAITED_KEYS_SQL = `
+WITH RECURSIVE k(key) AS (
+  (SELECT t.blocked_on FROM outlive.tasks t
+   WHERE t.state OPERATOR(pg_catalog.=) 'pending' AND t.blocked_on IS NOT NULL
+   ORDER BY t.blocked_on LIMIT 1)
+  UNION ALL
+  SELECT (SELECT t.blocked_on FROM outlive.tasks t
+          WHERE t.state OPERATOR(pg_catalog.=) 'pending' AND t.blocked_on OPERATOR(pg_catalog.>) k.key
+          ORDER BY t.blocked_on LIMIT 1)
+  FROM k WHERE k.key IS NOT NULL
+)
+SELECT k.key FROM k WHERE k.key IS NOT NULL LIMIT $1`;
+
+/** The keys tasks wait for (at most `limit`, by name), with where each stands. */
+export async function waitedKeys(db: Database, options: { limit?: number; now?: Date } = {}): Promise<KeyState[]> {
+  return readWaitedKeys(exec(db), options);
+}
+
+async function readWaitedKeys(q: Executor, options: { limit?: number; now?: Date }): Promise<KeyState[]> {
+  const rows = await q.query<{ key: string }>(WAITED_KEYS_SQL, [options.limit ?? 50]);
+  return readKeyStates(q, rows.map((r) => ({ key: r.key })), options);
+}
+
+/** The paused queues, by name. */
+export async function pausedQueues(db: Database): Promise<QueuePause[]> {
+  return readPausedQueues(exec(db));
+}
+
+async function readPausedQueues(q: Executor): Promise<QueuePause[]> {
+  const rows = await q.query<{ queue: string; reason: string | null; paused_at: Date }>(
+    `SELECT p.queue, p.reason, p.paused_at FROM outlive.queue_pauses p ORDER BY p.queue LIMIT 1000`,
+  );
+  return rows.map((r) => ({ queue: r.queue, reason: r.reason, pausedAt: r.paused_at }));
+}
+
+/** "250ms", "30s", "1m", "1h", "1d", or "90s" when it is not a whole minute. */
+export function formatPeriod(ms: number): string {
+  for (const [unit, size] of [['d', 86_400_000], ['h', 3_600_000], ['m', 60_000], ['s', 1_000]] as const) {
+    if (ms >= size && ms % size === 0) return `${ms / size}${unit}`;
+  }
+  return `${ms}ms`;
+}
+
+/** A number of cost units, without float noise. */
+function amount(n: number): string {
+  return String(Math.round(n * 1000) / 1000);
+}
+
+/** In words, how a key is paused: "key openai paused until … after a 429: …", "key x paused by hand until resumed". */
+export function pauseText(key: string, pause: KeyPause): string {
+  const until = pause.until ? `until ${pause.until.toISOString()}` : 'until resumed';
+  const reason = pause.reason && pause.reason !== HAND_REASON ? `: ${pause.reason}` : '';
+  if (pause.by === 'rate-limited') return `key ${key} paused ${until} after a 429${reason}`;
+  if (pause.by === 'hand') return `key ${key} paused by hand ${until}${reason}`;
+  return `key ${key} paused ${until}${reason}`;
+}
+
+/**
+ * Why the key holds back its next start, in the order the claim checks (a
+ * pause, then its concurrency, then its rate); null when it has room.
+ */
+export function keyWait(s: KeyState): KeyWait | null {
+  if (s.pause) return { kind: 'paused', text: pauseText(s.key, s.pause) };
+  if (s.concurrency !== null && s.running >= s.concurrency) {
+    return { kind: 'concurrency', text: `${s.running} of ${s.concurrency} running for key ${s.key}` };
+  }
+  if (s.rate && s.windowUsed !== null && s.windowUsed + s.nextCost > s.rate.limit) {
+    const per = `${amount(s.windowUsed)} of ${s.rate.limit} per ${formatPeriod(s.rate.periodMs)} used`;
+    return {
+      kind: 'rate',
+      text: s.nextStartAt
+        ? `rate limit ${s.key}: next start at ${s.nextStartAt.toISOString()} (${per})`
+        : `rate limit ${s.key}: a start costing ${amount(s.nextCost)} cannot fit ${s.rate.limit} per ${formatPeriod(s.rate.periodMs)} (${per})`,
+    };
+  }
+  return null;
 }

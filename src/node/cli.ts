@@ -4,6 +4,7 @@
  *   outlive migrate | status | tasks | runs | run <id> | task <id>
  *   outlive grants --app <role> --worker <role> --dashboard <role>
  *   outlive retry task <id> | retry run <id> | cancel run <id>
+ *   outlive limits | limit set|pause|resume <key> | queue pause|resume <queue> | weight <queue> <key> <n>
  *   outlive enqueue <name> <json> --tasks ./dist/tasks.js
  *   outlive worker --tasks ./dist/tasks.js
  *
@@ -28,7 +29,11 @@ import { explainRun, type ExplainedTask } from '../admin/explain.js';
 import { migrate, MIGRATIONS_FOLDER } from './migrate.js';
 import { grants } from './grants.js';
 import { retryRun, retryTask, type RetryReport } from '../admin/retry.js';
-import { getTask, listRuns, listTasks, runEdges, status } from '../admin/queries.js';
+import {
+  formatPeriod, getTask, keyStates, keyWait, listKeys, listRuns, listTasks, pausedQueues, pauseText, runEdges, status,
+  type KeyState, type StatusReport,
+} from '../admin/queries.js';
+import { FlowControlError, pauseKey, pauseQueue, resumeKey, resumeQueue, setLimit, setWeight, type LimitOverride } from '../admin/flow.js';
 import { RUN_STATES, TASK_STATES, type RunState, type TaskState } from '../model/states.js';
 import { isSchedule, type AnySchedule } from '../maintenance/schedule.js';
 import type { AnyTask } from '../model/task.js';
@@ -402,6 +407,11 @@ function registerStatus(program: Command, io: CliIo): void {
         io.out(`oldest ready task: ${s.oldestReadyMs === null ? 'none waiting' : `due ${duration(s.oldestReadyMs)} ago`}`);
         io.out(`failed in the last hour: ${s.failedLastHour}`);
         for (const u of s.unrunnable) io.out(`not runnable: ${u.ready} ready ${quoted(u.name)} task(s): ${u.why}`);
+        for (const w of s.waits) io.out(waitLine(w));
+        for (const q of s.pausedQueues) {
+          const pending = s.queues.find((x) => x.queue === q.queue)?.counts.pending ?? 0;
+          io.out(`queue ${q.queue} is paused: ${q.reason ?? 'no reason given'} (since ${q.pausedAt.toISOString()}; ${pending} pending)`);
+        }
         if (s.queues.length > 0) {
           io.out('');
           for (const l of table(['queue', ...TASK_STATES], s.queues.map((q) => [q.queue, ...TASK_STATES.map((st) => q.counts[st])]))) io.out(l);
@@ -672,4 +682,247 @@ function registerInspect(program: Command, io: CliIo): void {
   registerRetry(program, io);
   registerCancel(program, io);
   registerEnqueue(program, io);
+  registerLimits(program, io);
+  registerLimit(program, io);
+  registerQueue(program, io);
+  registerWeight(program, io);
+}
+
+// ---------------------------------------------------------------------------
+// Flow control (issue 26): limits, pauses and weights, read and changed at
+// run time. The next claim obeys; nothing is deployed.
+
+/** "1 task waits", "12 tasks wait", "10000+ tasks wait". */
+function tasksWait(n: number, more: boolean): string {
+  return more ? `${n}+ tasks wait` : n === 1 ? '1 task waits' : `${n} tasks wait`;
+}
+
+/** One line of `status` on a key tasks wait for. */
+function waitLine(w: StatusReport['waits'][number]): string {
+  const n = tasksWait(w.waiting, w.waitingMore);
+  const s = w.state;
+  if (!w.wait) return `${n} for key ${w.key}, which has room again: the next pass takes them`;
+  if (w.wait.kind === 'concurrency') return `${n} for key ${w.key}: ${s.running} of ${s.concurrency} running`;
+  if (w.wait.kind === 'rate') return `${n} for ${w.wait.text}`;
+  return `${n}: ${w.wait.text}`;
+}
+
+/** A duration given on the command line, in ms: 500ms, 90s, 10m, 2h, 1d, or several together (1h30m). */
+export function parseDuration(value: string): number {
+  const units: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 };
+  const parts = [...value.matchAll(/(\d+(?:\.\d+)?)(ms|s|m|h|d)/g)];
+  if (parts.length === 0 || parts.map((p) => p[0]).join('') !== value) {
+    throw new InvalidArgumentError('expected a duration such as 500ms, 90s, 10m, 2h or 1h30m');
+  }
+  const ms = Math.round(parts.reduce((sum, p) => sum + Number(p[1]) * units[p[2]!]!, 0));
+  if (ms <= 0) throw new InvalidArgumentError('expected a duration longer than 0');
+  return ms;
+}
+
+/** --concurrency: a whole number, or `none` to clear the override. */
+function concurrencyArg(value: string): number | null {
+  if (value === 'none') return null;
+  const n = Number(value);
+  if (!/^[0-9]+$/.test(value) || !Number.isInteger(n) || n < 1 || n > 1_000_000) {
+    throw new InvalidArgumentError('expected a whole number from 1 to 1000000, or none to go back to what the tasks declare');
+  }
+  return n;
+}
+
+/** --rate: `<limit>/<period>` (60/1m, 200000/60s, 10/1500ms), or `none` to clear the override. */
+function rateArg(value: string): { limit: number; periodMs: number } | null {
+  if (value === 'none') return null;
+  const m = /^([0-9]+)\/(.+)$/.exec(value);
+  const limit = m ? Number(m[1]) : NaN;
+  let periodMs = NaN;
+  try {
+    if (m) periodMs = parseDuration(m[2]!);
+  } catch {
+    // Reported below, with the whole form.
+  }
+  if (!Number.isInteger(limit) || limit < 1 || limit > 2 ** 31 - 1 || !Number.isInteger(periodMs) || periodMs > 86_400_000) {
+    throw new InvalidArgumentError('expected <limit>/<period>, a whole number of starts per period of at most a day (60/1m, 200000/60s, 10/1500ms), or none to go back to what the tasks declare');
+  }
+  return { limit, periodMs };
+}
+
+/** --until: an ISO 8601 time. */
+function timeArg(value: string): Date {
+  const at = new Date(value);
+  if (!/^\d{4}-\d{2}-\d{2}/.test(value) || Number.isNaN(at.getTime())) throw new InvalidArgumentError('expected an ISO 8601 time such as 2030-01-01T12:00:00Z');
+  return at;
+}
+
+/** --weight: a number > 0 and at most 1000. */
+function weightArg(value: string): number {
+  const n = Number(value);
+  if (value.trim() === '' || !Number.isFinite(n) || n <= 0 || n > 1000) throw new InvalidArgumentError('expected a number greater than 0 and at most 1000');
+  return n;
+}
+
+/** Runs a flow-control call; a value it refuses is bad input (exit 2), with its message. */
+async function flowCall<T>(fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    if (err instanceof FlowControlError) throw new CliError(err.message.replace(/^outlive: /, ''), EXIT.usage);
+    throw err;
+  }
+}
+
+function concurrencyCell(s: KeyState): string {
+  return s.concurrency === null ? '-' : `${s.concurrency}${s.concurrencySet ? ' (set)' : ''}`;
+}
+
+function rateCell(s: KeyState): string {
+  return s.rate === null ? '-' : `${s.rate.limit} per ${formatPeriod(s.rate.periodMs)}${s.rateSet ? ' (set)' : ''}`;
+}
+
+function windowCell(s: KeyState, now: Date): string {
+  if (s.rate === null || s.windowUsed === null) return '-';
+  const used = `${Math.round(s.windowUsed * 1000) / 1000} of ${s.rate.limit}`;
+  const wait = keyWait({ ...s, pause: null, concurrency: null });
+  if (!wait) return used;
+  return s.nextStartAt ? `${used}, next start in ${duration(s.nextStartAt.getTime() - now.getTime())}` : `${used}, full`;
+}
+
+function pauseCell(s: KeyState, now: Date): string {
+  if (!s.pause) return '-';
+  const by = s.pause.by === 'rate-limited' ? ' (429)' : s.pause.by === 'hand' ? ' (by hand)' : '';
+  const until = s.pause.until ? `${duration(s.pause.until.getTime() - now.getTime())} more` : 'until resumed';
+  return `${until}${by}${s.pause.reason && s.pause.reason !== 'paused by hand' ? `: ${s.pause.reason}` : ''}`;
+}
+
+/** One line on where a key stands, after a change. */
+function keyLine(s: KeyState): string {
+  const parts = [
+    `${s.running} running`,
+    s.concurrency === null ? 'no concurrency limit' : `concurrency ${concurrencyCell(s)}`,
+    s.rate === null ? 'no rate' : `rate ${rateCell(s)}${s.windowUsed === null ? '' : `, ${Math.round(s.windowUsed * 1000) / 1000} used in the window`}`,
+    s.pause ? pauseText(s.key, s.pause) : 'not paused',
+    tasksWait(s.waiting, s.waitingMore),
+  ];
+  return `key ${s.key}: ${parts.join('; ')}`;
+}
+
+function registerLimits(program: Command, io: CliIo): void {
+  withDbOptions(program.command('limits'))
+    .description('Flow control at a glance: each key\'s running tasks and concurrency, its rate and how much of the window is used, its pause, the tasks waiting for it; and the paused queues.')
+    .argument('[keys...]', 'only these keys')
+    .option('--limit <n>', 'at most this many keys (those paused, with tasks waiting or running first)', wholeNumber(1), 100)
+    .action(async (keys: string[], opts: DbOptions & { limit: number }) => {
+      await withDb(opts, async (pool) => {
+        const [{ keys: states, total }, queues, [clock]] = await Promise.all([
+          listKeys(pool, { keys: keys.length > 0 ? keys : undefined, limit: opts.limit }),
+          pausedQueues(pool),
+          pool.query<{ now: Date }>('SELECT pg_catalog.now() AS now').then((r) => r.rows),
+        ]);
+        if (opts.json) return printJson(io, { keys: states, total, pausedQueues: queues });
+        const now = clock!.now;
+        if (states.length === 0) {
+          io.out(keys.length > 0 ? 'no such keys' : 'no keys yet: a key appears when a claim first looks at a task that declares it, or when it is set or paused');
+        } else {
+          for (const l of table(
+            ['key', 'running', 'concurrency', 'rate', 'window', 'paused', 'waiting'],
+            states.map((s) => [s.key, s.running, concurrencyCell(s), rateCell(s), windowCell(s, now), pauseCell(s, now), s.waitingMore ? `${s.waiting}+` : s.waiting]),
+          )) io.out(l);
+          if (total > states.length) io.out(`${states.length} of ${total} keys shown (paused, waiting and running first): name keys, or raise --limit`);
+        }
+        if (queues.length > 0) io.out('');
+        for (const q of queues) io.out(`queue ${q.queue} is paused: ${q.reason ?? 'no reason given'} (since ${q.pausedAt.toISOString()})`);
+      });
+    });
+}
+
+function registerLimit(program: Command, io: CliIo): void {
+  const limit = program.command('limit').description('Change a key\'s limits, or pause it, at run time: the next claim obeys.');
+  withDbOptions(limit.command('set'))
+    .description('Override what tasks declare for a key (none: back to what they declare).')
+    .argument('<key>', 'the limit key')
+    .option('--concurrency <n|none>', 'at most this many of its tasks running at once', concurrencyArg)
+    .option('--rate <limit/period|none>', 'at most <limit> starts (or units of cost) in any window of <period>: 60/1m, 200000/60s, 10/1500ms', rateArg)
+    .action(async (key: string, opts: DbOptions & { concurrency?: number | null; rate?: { limit: number; periodMs: number } | null }) => {
+      if (opts.concurrency === undefined && opts.rate === undefined) {
+        throw new CliError('say what to set: --concurrency <n|none> and/or --rate <limit>/<period>|none', EXIT.usage);
+      }
+      const override: LimitOverride = {};
+      if (opts.concurrency !== undefined) override.concurrency = opts.concurrency;
+      if (opts.rate !== undefined) override.rate = opts.rate;
+      await withDb(opts, async (pool) => {
+        await flowCall(() => setLimit(pool, key, override));
+        const [s] = await keyStates(pool, [key]);
+        if (opts.json) return printJson(io, s);
+        io.out(keyLine(s!));
+      });
+    });
+  withDbOptions(limit.command('pause'))
+    .description('Pause a key: none of its tasks starts until the time given, or until resumed. Running tasks run on.')
+    .argument('<key>', 'the limit key')
+    .addOption(new Option('--until <time>', 'until this ISO 8601 time').argParser(timeArg).conflicts('for'))
+    .addOption(new Option('--for <duration>', 'for this long: 90s, 10m, 2h').argParser(parseDuration))
+    .option('--reason <text>', 'why, shown by status, limits and the dashboard')
+    .action(async (key: string, opts: DbOptions & { until?: Date; for?: number; reason?: string }) => {
+      const until = opts.until ?? (opts.for !== undefined ? new Date(Date.now() + opts.for) : undefined);
+      if (until && until.getTime() <= Date.now()) throw new CliError(`--until ${until.toISOString()} is in the past`, EXIT.usage);
+      await withDb(opts, async (pool) => {
+        await flowCall(() => pauseKey(pool, key, { until, reason: opts.reason }));
+        const [s] = await keyStates(pool, [key]);
+        if (opts.json) return printJson(io, s);
+        io.out(s!.pause ? pauseText(key, s!.pause) : `key ${key} paused`);
+      });
+    });
+  withDbOptions(limit.command('resume'))
+    .description('Resume a paused key, whether paused by hand or by a 429.')
+    .argument('<key>', 'the limit key')
+    .action(async (key: string, opts: DbOptions) => {
+      await withDb(opts, async (pool) => {
+        const [before] = await flowCall(() => keyStates(pool, [key]));
+        if (!before!.known) throw new CliError(`no key ${key}: no claim has looked at a task of it, and it was never set or paused`, EXIT.failed);
+        if (!before!.pause) throw new CliError(`key ${key} was not resumed: it is not paused`, EXIT.failed);
+        await flowCall(() => resumeKey(pool, key));
+        if (opts.json) return printJson(io, { key, resumed: true, was: before!.pause });
+        io.out(`key ${key} resumed: ${tasksWait(before!.waiting, before!.waitingMore)} for it, which the next pass may start`);
+      });
+    });
+}
+
+function registerQueue(program: Command, io: CliIo): void {
+  const queue = program.command('queue').description('Pause or resume a queue: no pass claims a paused queue\'s tasks.');
+  withDbOptions(queue.command('pause'))
+    .description('Pause a queue: no pass claims its tasks until it is resumed. Running tasks run on.')
+    .argument('<queue>', 'the queue')
+    .option('--reason <text>', 'why, shown by status, limits and the dashboard')
+    .action(async (name: string, opts: DbOptions & { reason?: string }) => {
+      await withDb(opts, async (pool) => {
+        await flowCall(() => pauseQueue(pool, name, { reason: opts.reason }));
+        if (opts.json) return printJson(io, { queue: name, paused: true, reason: opts.reason ?? 'paused by hand' });
+        io.out(`queue ${name} paused: no pass claims its tasks until \`outlive queue resume ${name}\``);
+      });
+    });
+  withDbOptions(queue.command('resume'))
+    .description('Resume a paused queue.')
+    .argument('<queue>', 'the queue')
+    .action(async (name: string, opts: DbOptions) => {
+      await withDb(opts, async (pool) => {
+        const resumed = await flowCall(() => resumeQueue(pool, name));
+        if (opts.json) printJson(io, { queue: name, resumed });
+        if (!resumed) throw new CliError(`queue ${name} was not resumed: it is not paused`, EXIT.failed);
+        if (!opts.json) io.out(`queue ${name} resumed: its tasks are claimed again`);
+      });
+    });
+}
+
+function registerWeight(program: Command, io: CliIo): void {
+  withDbOptions(program.command('weight'))
+    .description('Set a fairness key\'s weight in a queue: with weights 3 and 1, two keys with ready tasks are served three turns to one (default 1; for tasks placed from now on).')
+    .argument('<queue>', 'the queue')
+    .argument('<key>', 'the fairness key')
+    .argument('<weight>', 'a number > 0 and <= 1000', weightArg)
+    .action(async (name: string, key: string, weight: number, opts: DbOptions) => {
+      await withDb(opts, async (pool) => {
+        await flowCall(() => setWeight(pool, name, key, weight));
+        if (opts.json) return printJson(io, { queue: name, key, weight });
+        io.out(`key ${key} weighs ${weight} in queue ${name}: its tasks placed from now on take ${weight} turn${weight === 1 ? '' : 's'} to a weight-1 key's 1`);
+      });
+    });
 }

@@ -45,10 +45,11 @@ export const TABLE_PRIVILEGES: Readonly<Record<string, Partial<Record<Kind, stri
     // taken key's row by name, key and state). Not state, attempts, lease,
     // output or errors: a row is written pending, as a task no one ran.
     app:
-      'INSERT (name, queue, priority, max_attempts, timeout_ms, run_at, input, key, run_id, step, waiting_on), ' +
-      'SELECT (id, name, queue, state, run_at, key, step)',
+      'INSERT (name, queue, priority, max_attempts, timeout_ms, run_at, input, key, run_id, step, waiting_on, fair_key, limits, vt), ' +
+      // fair_key and vt: the turn of a task with fairness (outlive.fair_start).
+      'SELECT (id, name, queue, state, run_at, key, step, fair_key, vt)',
     worker: 'SELECT, INSERT, UPDATE, DELETE',
-    dashboard: 'SELECT, UPDATE (state, attempts, run_at, finished_at, lease_owner, lease_expires_at, updated_at, waiting_on, last_error)',
+    dashboard: 'SELECT, UPDATE (state, attempts, run_at, finished_at, lease_owner, lease_expires_at, updated_at, waiting_on, last_error, vt, blocked_on)',
   },
   runs: {
     app: 'INSERT (name, unfinished), SELECT (id)',
@@ -62,6 +63,12 @@ export const TABLE_PRIVILEGES: Readonly<Record<string, Partial<Record<Kind, stri
   schedules: { worker: 'SELECT, INSERT, UPDATE, DELETE', dashboard: 'SELECT' },
   schedule_slots: { worker: 'SELECT, INSERT, UPDATE, DELETE' },
   used_nonces: { worker: 'SELECT, INSERT, DELETE' },
+  // Flow control: the claim takes slots, settles and recovery give them back
+  // and a 429 pauses a key (worker); a cancel gives slots back, and an
+  // operator changes limits, pauses and weights (dashboard).
+  limits: { worker: 'SELECT, INSERT, UPDATE', dashboard: 'SELECT, INSERT, UPDATE' },
+  fairness: { app: 'SELECT (queue, key, weight)', worker: 'SELECT', dashboard: 'SELECT, INSERT, UPDATE, DELETE' },
+  queue_pauses: { worker: 'SELECT', dashboard: 'SELECT, INSERT, UPDATE, DELETE' },
 };
 
 /** The sequences of the serial ids the parts write (USAGE: nextval). */
@@ -78,6 +85,10 @@ export const SEQUENCE_USERS: Readonly<Record<string, readonly Kind[]>> = {
 export const FUNCTION_CALLERS: Readonly<Record<string, readonly Kind[]>> = {
   'claim(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.text[])': ['worker'],
   'claim(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4)': ['worker'],
+  'claim_tasks(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.text[])': ['worker'],
+  'claim_governed(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.text[])': ['worker'],
+  'release_slots(pg_catalog.jsonb, pg_catalog.timestamptz)': ['worker', 'dashboard'],
+  'fair_start(pg_catalog.text, pg_catalog.text)': ['app', 'worker'],
 };
 
 const WHAT: Record<Kind, string> = {

@@ -39,9 +39,10 @@ export interface SettledRow extends RunRow {
 export const SETTLE_SQL = settleSql(false);
 
 /**
- * SETTLE_SQL, or (governed) its form for tasks with flow control: a retry
- * leaves its turn to be placed again when due, a wait ends, and it returns
- * what the slot release needs, with each outcome's costs and pause ($10).
+ * SETTLE_SQL, or (governed) its form for tasks with flow control, which
+ * also returns what the slot release needs, with each outcome's costs and
+ * pause ($10). Either way a retry leaves its turn (vt), to be placed again
+ * when due, and a wait for a key ends (both null on rows without flow control).
  */
 function settleSql(governed: boolean): string {
   return `
@@ -57,9 +58,9 @@ SET state = (CASE WHEN s.state OPERATOR(pg_catalog.=) 'released' THEN 'pending' 
     errors = CASE WHEN s.error IS NULL THEN t.errors ELSE t.errors OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array(s.error::jsonb) END,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    finished_at = CASE WHEN s.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'released']) THEN NULL ELSE coalesce($1::timestamptz, pg_catalog.now()) END,${governed ? `
+    finished_at = CASE WHEN s.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'released']) THEN NULL ELSE coalesce($1::timestamptz, pg_catalog.now()) END,
     vt = CASE WHEN s.state OPERATOR(pg_catalog.=) 'pending' THEN NULL ELSE t.vt END,
-    blocked_on = NULL,` : ''}
+    blocked_on = NULL,
     updated_at = coalesce($1::timestamptz, pg_catalog.now())
 FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::timestamptz[]),
                 pg_catalog.unnest($6::float8[]), pg_catalog.unnest($7::text[]), pg_catalog.unnest($9::int[])${governed ? ', pg_catalog.unnest($10::text[])' : ''})
@@ -169,15 +170,15 @@ interface SettleStatements {
 }
 
 // A name goes with one text: renamed whenever the text changes (v3: names
-// qualified with pg_catalog), so a server connection that a transaction
+// qualified with pg_catalog; v4: vt and blocked_on), so a server connection that a transaction
 // pooler shares with a pass of the previous release never runs one
 // release's text under the other's name.
 const PLAIN: SettleStatements = {
-  any: { text: SETTLE_SQL, name: 'outlive_settle_v3' },
+  any: { text: SETTLE_SQL, name: 'outlive_settle_v4' },
   succeeded: { text: SUCCEED_SQL, name: 'outlive_succeed_v3' },
 };
 const RUN_TASKS: SettleStatements = {
-  any: { text: SETTLE_RUN_TASKS_SQL, name: 'outlive_settle_runs_v3' },
+  any: { text: SETTLE_RUN_TASKS_SQL, name: 'outlive_settle_runs_v4' },
   succeeded: { text: SUCCEED_RUN_TASKS_SQL, name: 'outlive_succeed_runs_v3' },
 };
 const GOVERNED: SettleStatements = { any: { text: SETTLE_GOVERNED_SQL, name: 'outlive_settle_governed_v1' }, succeeded: null };
