@@ -22,6 +22,7 @@ import {
   enqueueMany,
   applyRetention,
   NonRetriableError,
+  RateLimitedError,
   recover,
   signNudge,
   startRun,
@@ -138,7 +139,19 @@ const crawl = defineTask({
     return { pages };
   },
 });
-const TASKS = [ok, flaky, doomed, fleeting, beating, page, finish, crawl];
+let limitedRuns = 0;
+const limited = defineTask({
+  name: 'roles.limited',
+  input: z.object({ c: z.string() }),
+  limits: [{ key: 'roles.api', concurrency: 2 }, { key: 'roles.tokens', rate: { limit: 1_000, periodMs: 60_000 }, cost: 10 }],
+  fairness: { key: (i) => i.c },
+  run: (_i, ctx) => {
+    // A 429 first (the key pauses, the attempt is handed back), then the real cost.
+    if (limitedRuns++ === 0) throw new RateLimitedError({ key: 'roles.api', retryAfterMs: 0 });
+    ctx.reportCost(3);
+  },
+});
+const TASKS = [ok, flaky, doomed, fleeting, beating, page, finish, crawl, limited];
 
 async function drain(): Promise<void> {
   for (let i = 0; i < 10; i++) {
@@ -187,6 +200,10 @@ describe('roles of least privilege, each doing its part', () => {
     await enqueue(asApp, beating, {});
     const run = await startRun(asApp, 'roles crawl', { crawl: step(crawl, { pages: 3 }) });
     expect(Object.keys(run.tasks)).toEqual(['crawl']);
+    await enqueueMany(asApp, limited, [{ c: 'a' }, { c: 'b' }, { c: 'a' }]);
+    await startRun(asApp, 'roles limited', { a: step(limited, { c: 'a' }), b: step(limited, { c: 'b' }, { after: ['a'] }) });
+    expect(await refused(asApp, `UPDATE outlive.limits SET running = 0`)).toMatch(/permission denied for table limits/);
+    expect(await refused(asApp, `INSERT INTO outlive.queue_pauses (queue) VALUES ('default')`)).toMatch(/permission denied for table queue_pauses/);
 
     expect(await refused(asApp, `UPDATE outlive.tasks SET key = NULL WHERE id = $1`, [first.id])).toMatch(/permission denied for table tasks/);
     expect(await refused(asApp, `DELETE FROM outlive.tasks WHERE id = $1`, [first.id])).toMatch(/permission denied for table tasks/);
@@ -206,13 +223,18 @@ describe('roles of least privilege, each doing its part', () => {
     expect(states.filter((r) => r.state !== 'succeeded' && r.state !== 'failed')).toEqual([]);
     expect(states.filter((r) => r.name === 'roles.doomed').map((r) => r.state)).toEqual(['failed']);
     expect(states.filter((r) => r.name === 'roles.flaky').map((r) => r.state)).toEqual(['succeeded']);
+    expect(states.filter((r) => r.name === 'roles.limited').map((r) => r.state)).toEqual(Array(5).fill('succeeded'));
+    expect((await root.query(`SELECT key, running FROM outlive.limits ORDER BY key`)).rows).toEqual([
+      { key: 'roles.api', running: 0 },
+      { key: 'roles.tokens', running: 0 },
+    ]);
     // keepSucceeded: false, deleted by its settle (in a pass of its own: one
     // that settles it beside a task of a run keeps its row).
     const gone = await enqueue(asApp, fleeting, {});
     expect(await tick(asWorker, { tasks: [fleeting] })).toMatchObject({ succeeded: 1 });
     expect((await root.query(`SELECT 1 FROM outlive.tasks WHERE id = $1`, [gone.id])).rows).toEqual([]);
     expect((await root.query(`SELECT output FROM outlive.tasks WHERE name = 'roles.beating'`)).rows).toEqual([{ output: true }]);
-    expect((await root.query(`SELECT state::text, (SELECT output FROM outlive.tasks t WHERE t.run_id = r.id AND step = 'finish') AS pages FROM outlive.runs r`)).rows).toEqual([
+    expect((await root.query(`SELECT state::text, (SELECT output FROM outlive.tasks t WHERE t.run_id = r.id AND step = 'finish') AS pages FROM outlive.runs r WHERE name = 'roles crawl'`)).rows).toEqual([
       { state: 'succeeded', pages: 3 },
     ]);
 
@@ -253,7 +275,7 @@ describe('roles of least privilege, each doing its part', () => {
 
     const kept = await applyRetention(asWorker, { now: new Date(Date.now() + 365 * 86_400_000) });
     expect(kept.tasks + kept.runTasks).toBeGreaterThan(0);
-    expect(kept.runs).toBe(1);
+    expect(kept.runs).toBe(2);
     expect(kept.slots).toBe(1);
     // Left: the task the schedule's slot an hour ahead enqueued, not run yet.
     expect((await root.query(`SELECT name, state::text FROM outlive.tasks`)).rows).toEqual([{ name: 'roles.ok', state: 'pending' }]);

@@ -29,7 +29,11 @@ export interface StatusReport {
   failedLastHour: number;
   /** Ready tasks, by name, that no pass which ran lately knows: they wait for a deploy (or a cancel). */
   unrunnable: { name: string; ready: number; why: string }[];
-  /** The keys tasks wait for (at most 50), each with why: its pause, its concurrency or its rate; `wait` null when it has room again. */
+  /**
+   * The keys that hold tasks back (at most 50): those tasks wait for, and
+   * those paused, each with why (its pause, its concurrency or its rate;
+   * null when it has room again) and how many tasks wait.
+   */
   waits: { key: string; waiting: number; waitingMore: boolean; wait: KeyWait | null; state: KeyState }[];
   /** Paused queues: no claim takes their tasks. */
   pausedQueues: QueuePause[];
@@ -502,7 +506,8 @@ export async function listKeys(
 }
 
 // The distinct keys tasks wait for, one index probe each (a skip scan of
-// tasks_blocked_idx), however many tasks wait.
+// tasks_blocked_idx) however many tasks wait, and the keys paused now
+// (outlive.limits is one row per key), by name.
 const WAITED_KEYS_SQL = `
 WITH RECURSIVE k(key) AS (
   (SELECT t.blocked_on FROM outlive.tasks t
@@ -514,15 +519,21 @@ WITH RECURSIVE k(key) AS (
           ORDER BY t.blocked_on LIMIT 1)
   FROM k WHERE k.key IS NOT NULL
 )
-SELECT k.key FROM k WHERE k.key IS NOT NULL LIMIT $1`;
+SELECT x.key FROM (
+  (SELECT k.key FROM k WHERE k.key IS NOT NULL LIMIT $1)
+  UNION
+  (SELECT l.key FROM outlive.limits l
+   WHERE l.paused_until OPERATOR(pg_catalog.>) coalesce($2::timestamptz, pg_catalog.now())
+   ORDER BY l.key LIMIT $1)
+) x ORDER BY x.key LIMIT $1`;
 
-/** The keys tasks wait for (at most `limit`, by name), with where each stands. */
+/** The keys that hold tasks back: those tasks wait for, and those paused (at most `limit`, by name), with where each stands. */
 export async function waitedKeys(db: Database, options: { limit?: number; now?: Date } = {}): Promise<KeyState[]> {
   return readWaitedKeys(exec(db), options);
 }
 
 async function readWaitedKeys(q: Executor, options: { limit?: number; now?: Date }): Promise<KeyState[]> {
-  const rows = await q.query<{ key: string }>(WAITED_KEYS_SQL, [options.limit ?? 50]);
+  const rows = await q.query<{ key: string }>(WAITED_KEYS_SQL, [options.limit ?? 50, options.now ?? null]);
   return readKeyStates(q, rows.map((r) => ({ key: r.key })), options);
 }
 

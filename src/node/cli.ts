@@ -701,6 +701,7 @@ function tasksWait(n: number, more: boolean): string {
 function waitLine(w: StatusReport['waits'][number]): string {
   const n = tasksWait(w.waiting, w.waitingMore);
   const s = w.state;
+  if (w.waiting === 0) return `${w.wait?.text ?? `key ${w.key} has room`}: no task waits for it yet`;
   if (!w.wait) return `${n} for key ${w.key}, which has room again: the next pass takes them`;
   if (w.wait.kind === 'concurrency') return `${n} for key ${w.key}: ${s.running} of ${s.concurrency} running`;
   if (w.wait.kind === 'rate') return `${n} for ${w.wait.text}`;
@@ -719,9 +720,11 @@ export function parseDuration(value: string): number {
   return ms;
 }
 
+// Commander keeps an option's parsed null as '', so `none` stays 'none' until the action.
+
 /** --concurrency: a whole number, or `none` to clear the override. */
-function concurrencyArg(value: string): number | null {
-  if (value === 'none') return null;
+function concurrencyArg(value: string): number | 'none' {
+  if (value === 'none') return value;
   const n = Number(value);
   if (!/^[0-9]+$/.test(value) || !Number.isInteger(n) || n < 1 || n > 1_000_000) {
     throw new InvalidArgumentError('expected a whole number from 1 to 1000000, or none to go back to what the tasks declare');
@@ -730,8 +733,8 @@ function concurrencyArg(value: string): number | null {
 }
 
 /** --rate: `<limit>/<period>` (60/1m, 200000/60s, 10/1500ms), or `none` to clear the override. */
-function rateArg(value: string): { limit: number; periodMs: number } | null {
-  if (value === 'none') return null;
+function rateArg(value: string): { limit: number; periodMs: number } | 'none' {
+  if (value === 'none') return value;
   const m = /^([0-9]+)\/(.+)$/.exec(value);
   const limit = m ? Number(m[1]) : NaN;
   let periodMs = NaN;
@@ -841,13 +844,13 @@ function registerLimit(program: Command, io: CliIo): void {
     .argument('<key>', 'the limit key')
     .option('--concurrency <n|none>', 'at most this many of its tasks running at once', concurrencyArg)
     .option('--rate <limit/period|none>', 'at most <limit> starts (or units of cost) in any window of <period>: 60/1m, 200000/60s, 10/1500ms', rateArg)
-    .action(async (key: string, opts: DbOptions & { concurrency?: number | null; rate?: { limit: number; periodMs: number } | null }) => {
+    .action(async (key: string, opts: DbOptions & { concurrency?: number | 'none'; rate?: { limit: number; periodMs: number } | 'none' }) => {
       if (opts.concurrency === undefined && opts.rate === undefined) {
         throw new CliError('say what to set: --concurrency <n|none> and/or --rate <limit>/<period>|none', EXIT.usage);
       }
       const override: LimitOverride = {};
-      if (opts.concurrency !== undefined) override.concurrency = opts.concurrency;
-      if (opts.rate !== undefined) override.rate = opts.rate;
+      if (opts.concurrency !== undefined) override.concurrency = opts.concurrency === 'none' ? null : opts.concurrency;
+      if (opts.rate !== undefined) override.rate = opts.rate === 'none' ? null : opts.rate;
       await withDb(opts, async (pool) => {
         await flowCall(() => setLimit(pool, key, override));
         const [s] = await keyStates(pool, [key]);

@@ -316,6 +316,8 @@ function transient(err: unknown): boolean {
 
 /** Settles one batch: one statement where it can, else a transaction with the run knock-ons. */
 async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
+  // A batch with any task that holds slots settles through the governed
+  // statement, plain tasks and all: one statement, so nothing is half written.
   const governed = outcomes.some(holdsSlots);
   if (governed && outcomes.every((o) => o.runId === null)) return strip(await settleRows(toExecutor(pool), owner, outcomes, now, GOVERNED));
   if (outcomes.every((o) => o.runId === null)) {
