@@ -318,6 +318,52 @@ describe('fair sharing', () => {
   });
 });
 
+describe('debounce and throttle on idempotency keys', () => {
+  const save = defineTask({ name: 'save-draft', input: z.object({ text: z.string() }), run: ({ text }) => text });
+  const input = async (db: TestDb, id: string) =>
+    (await db.rows<{ input: { text: string }; run_at: Date; state: string; key: string | null }>(`SELECT input, run_at, state::text, key FROM outlive.tasks WHERE id = $1`, [id]))[0]!;
+
+  it("'replace' (debounce): the pending task takes the last input and the last run time", async () => {
+    const db = await freshDb();
+    const a = await enqueue(db.pool, save, { text: 'a' }, { key: 'doc-1', keyMode: 'replace', delayMs: 5_000 });
+    const b = await enqueue(db.pool, save, { text: 'ab' }, { key: 'doc-1', keyMode: 'replace', delayMs: 10_000 });
+    expect(b).toMatchObject({ id: a.id, deduplicated: true, replaced: true });
+    const row = await input(db, a.id);
+    expect(row.input).toEqual({ text: 'ab' });
+    expect(row.run_at.getTime()).toBe(b.runAt.getTime());
+    expect(b.runAt.getTime() - a.runAt.getTime()).toBeGreaterThan(4_000);
+    expect(await db.rows(`SELECT 1 FROM outlive.tasks`)).toHaveLength(1);
+  });
+
+  it("'preserve_run_at' (throttle): the pending task takes the last input and keeps its time", async () => {
+    const db = await freshDb();
+    const a = await enqueue(db.pool, save, { text: 'a' }, { key: 'doc-1', keyMode: 'preserve_run_at', delayMs: 5_000 });
+    const b = await enqueue(db.pool, save, { text: 'abc' }, { key: 'doc-1', keyMode: 'preserve_run_at', delayMs: 60_000 });
+    expect(b).toMatchObject({ id: a.id, replaced: true });
+    const row = await input(db, a.id);
+    expect(row.input).toEqual({ text: 'abc' });
+    expect(row.run_at.getTime()).toBe(a.runAt.getTime());
+  });
+
+  it('a running task keeps running and gives its key up to a new task with the new input', async () => {
+    const db = await freshDb();
+    const a = await enqueue(db.pool, save, { text: 'a' }, { key: 'doc-1' });
+    await claim(toExecutor(db.pool), request(['save-draft'], null));
+    const b = await enqueue(db.pool, save, { text: 'ab' }, { key: 'doc-1', keyMode: 'replace' });
+    expect(b).toMatchObject({ deduplicated: false, replaced: false });
+    expect(b.id).not.toBe(a.id);
+    expect(await input(db, a.id)).toMatchObject({ state: 'running', key: null, input: { text: 'a' } });
+    expect(await input(db, b.id)).toMatchObject({ state: 'pending', key: 'doc-1', input: { text: 'ab' } });
+    // enqueueMany takes the mode too; without one, a key dedupes as before.
+    const many = await enqueueMany(db.pool, save, [{ text: 'abc' }, { text: 'x' }], { key: (i) => (i.text === 'x' ? 'doc-2' : 'doc-1'), keyMode: 'replace' });
+    expect(many.map((t) => t.replaced)).toEqual([true, false]);
+    expect(await enqueue(db.pool, save, { text: 'zzz' }, { key: 'doc-1' })).toMatchObject({ id: b.id, deduplicated: true });
+    expect((await input(db, b.id)).input).toEqual({ text: 'abc' });
+    await expect(enqueue(db.pool, save, { text: 'a' }, { keyMode: 'replace' })).rejects.toThrow(/keyMode 'replace' needs a key/);
+    await expect(enqueue(db.pool, save, { text: 'a' }, { key: 'k', keyMode: 'debounce' as never })).rejects.toThrow(/keyMode must be one of 'dedupe', 'replace', 'preserve_run_at'/);
+  });
+});
+
 describe('bad input', () => {
   it('refuses limits that cannot work when the task is defined, and keys that cannot be computed at enqueue', async () => {
     const make = (limits: unknown) => () => defineTask({ name: 'bad', input: z.object({}), limits: limits as never, run: () => undefined });

@@ -182,6 +182,9 @@ describe('roles of least privilege, each doing its part', () => {
     expect(await enqueue(asApp, ok, { n: 1 }, { key: 'roles-1' })).toMatchObject({ id: first.id, deduplicated: true });
     const many = await enqueueMany(asApp, ok, [{ n: 1 }, { n: 2 }, { n: 3 }], { key: (i) => `roles-${i.n}` });
     expect(many.map((t) => t.deduplicated)).toEqual([true, false, false]);
+    // Debounce rewrites the pending row of its key through outlive.enqueue_keyed, with no UPDATE on the table.
+    const debounced = await enqueue(asApp, ok, { n: 4 }, { key: 'roles-4', keyMode: 'replace' });
+    expect(await enqueue(asApp, ok, { n: 5 }, { key: 'roles-4', keyMode: 'replace' })).toMatchObject({ id: debounced.id, replaced: true });
     const client = await asApp.connect();
     try {
       await client.query('BEGIN');

@@ -429,3 +429,68 @@ BEGIN
   END IF;
 END;
 $tasks$;
+--> statement-breakpoint
+-- Debounce and throttle on idempotency keys (enqueue's keyMode, as
+-- graphile-worker's job_key_mode): a pending task with the key takes the new
+-- input (and, with 'replace', the new run_at: debounce; 'preserve_run_at'
+-- keeps its time: throttle); a running one gives its key up to a new row,
+-- so the new input runs after it. SECURITY DEFINER, so the app's role
+-- needs no UPDATE on outlive.tasks (which would let it rewrite any row,
+-- docs/shared-database.md): this function rewrites only the pending row of
+-- the task name and key it is given. Its search_path is pinned like every
+-- function's here.
+CREATE FUNCTION "outlive"."enqueue_keyed"(
+  task_name text, task_queue text, task_priority integer, task_max_attempts integer, task_timeout_ms integer,
+  task_run_at timestamptz, inputs text[], keys text[], fair_keys text[], limit_sets text[], preserve_run_at boolean
+) RETURNS TABLE (id text, queue text, state text, run_at timestamptz, key text, replaced boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $keyed$
+#variable_conflict use_column
+DECLARE
+  i integer;
+  tries integer;
+  r record;
+BEGIN
+  FOR i IN 1 .. coalesce(cardinality(keys), 0) LOOP
+    FOR tries IN 1 .. 10 LOOP
+      UPDATE outlive.tasks t
+      SET input = inputs[i]::jsonb,
+          run_at = CASE WHEN preserve_run_at THEN t.run_at ELSE task_run_at END,
+          queue = task_queue, priority = task_priority, max_attempts = task_max_attempts, timeout_ms = task_timeout_ms,
+          fair_key = fair_keys[i], limits = limit_sets[i]::jsonb,
+          -- A row that keeps its time and turn keeps its place; any other is placed again when due.
+          vt = CASE WHEN fair_keys[i] IS NOT NULL AND t.fair_key = fair_keys[i] AND t.queue = task_queue
+                         AND (preserve_run_at OR task_run_at <= t.run_at) THEN t.vt END,
+          blocked_on = NULL,
+          updated_at = now()
+      WHERE t.name = task_name AND t.key = keys[i] AND t.state = 'pending'
+      RETURNING t.id::text AS tid, t.queue AS tq, t.state::text AS ts, t.run_at AS tr INTO r;
+      IF FOUND THEN
+        id := r.tid; queue := r.tq; state := r.ts; run_at := r.tr; key := keys[i]; replaced := true;
+        RETURN NEXT;
+        EXIT;
+      END IF;
+      UPDATE outlive.tasks t SET key = NULL, updated_at = now()
+      WHERE t.name = task_name AND t.key = keys[i] AND t.state = 'running';
+      INSERT INTO outlive.tasks AS t (name, queue, priority, max_attempts, timeout_ms, run_at, input, key, fair_key, limits, vt)
+      VALUES (task_name, task_queue, task_priority, task_max_attempts, task_timeout_ms, task_run_at, inputs[i]::jsonb, keys[i],
+              fair_keys[i], limit_sets[i]::jsonb,
+              CASE WHEN fair_keys[i] IS NOT NULL AND task_run_at <= now() THEN (SELECT f.base FROM outlive.fair_start(task_queue, fair_keys[i]) f) END)
+      ON CONFLICT (name, key) WHERE key IS NOT NULL AND state = ANY (ARRAY['pending', 'running']::outlive.task_state[])
+      DO NOTHING
+      RETURNING t.id::text AS tid, t.queue AS tq, t.state::text AS ts, t.run_at AS tr INTO r;
+      IF FOUND THEN
+        id := r.tid; queue := r.tq; state := r.ts; run_at := r.tr; key := keys[i]; replaced := false;
+        RETURN NEXT;
+        EXIT;
+      END IF;
+      -- Another transaction wrote the key in between: look again with a new snapshot.
+      IF tries = 10 THEN
+        RAISE EXCEPTION 'outlive: enqueue of "%": key % kept being taken and freed, 10 times; enqueue again', task_name, keys[i];
+      END IF;
+    END LOOP;
+  END LOOP;
+END;
+$keyed$;

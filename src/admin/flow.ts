@@ -3,7 +3,7 @@
  * operator changes them from the API, the CLI or the dashboard and the next
  * claim obeys, without a deploy.
  */
-import { toExecutor, type Transactional } from '../db/executor.js';
+import { toExecutor, toPool, type Database, type Executor, type Transactional } from '../db/executor.js';
 import { checkName, isWhole } from '../model/checks.js';
 import { OutliveError } from '../model/errors.js';
 import { storableText } from '../model/json.js';
@@ -27,6 +27,11 @@ export interface LimitStatus {
   pausedReason: string | null;
   /** Tasks waiting for this key. */
   waiting: number;
+}
+
+/** A pool, a client in a transaction or a drizzle database or transaction. */
+function executorOf(db: Transactional | Database): Executor {
+  return 'query' in db || 'execute' in db ? toExecutor(db as Transactional) : toExecutor(toPool(db));
 }
 
 function checkKey(key: unknown): string {
@@ -60,7 +65,7 @@ SET concurrency = CASE WHEN $6 THEN excluded.concurrency ELSE l.concurrency END,
  * await setLimit(db, 'openai', { concurrency: null });           // back to what the tasks declare
  * ```
  */
-export async function setLimit(db: Transactional, key: string, override: LimitOverride, options: { now?: Date } = {}): Promise<void> {
+export async function setLimit(db: Transactional | Database, key: string, override: LimitOverride, options: { now?: Date } = {}): Promise<void> {
   checkKey(key);
   if (!override || typeof override !== 'object') throw new FlowControlError('outlive: setLimit takes { concurrency?, rate? }');
   const unknown = Object.keys(override).filter((k) => k !== 'concurrency' && k !== 'rate');
@@ -72,7 +77,7 @@ export async function setLimit(db: Transactional, key: string, override: LimitOv
   if (rate != null && (typeof rate !== 'object' || !isWhole(rate.limit, { min: 1, max: 2 ** 31 - 1 }) || !isWhole(rate.periodMs, { min: 1, max: 86_400_000 }))) {
     throw new FlowControlError('outlive: setLimit: rate must be { limit: whole number >= 1, periodMs: 1 to 86400000 }, or null to clear it');
   }
-  await toExecutor(db).query(UPSERT_LIMIT_SQL, [
+  await executorOf(db).query(UPSERT_LIMIT_SQL, [
     key,
     concurrency ?? null,
     rate?.limit ?? null,
@@ -101,18 +106,18 @@ RETURNING l.key`;
  * Pauses a key: no task holding it starts until `until` (default: until
  * resumed). Running tasks run on.
  */
-export async function pauseKey(db: Transactional, key: string, options: { until?: Date; reason?: string; now?: Date } = {}): Promise<void> {
+export async function pauseKey(db: Transactional | Database, key: string, options: { until?: Date; reason?: string; now?: Date } = {}): Promise<void> {
   checkKey(key);
   if (options.until !== undefined && (!(options.until instanceof Date) || Number.isNaN(options.until.getTime()))) {
     throw new FlowControlError('outlive: pauseKey: until must be a valid Date');
   }
-  await toExecutor(db).query(PAUSE_KEY_SQL, [key, options.until ?? 'infinity', reason(options.reason, 'paused by hand'), now(options.now)]);
+  await executorOf(db).query(PAUSE_KEY_SQL, [key, options.until ?? 'infinity', reason(options.reason, 'paused by hand'), now(options.now)]);
 }
 
 /** Resumes a paused key (a pause by hand or a 429's); returns false if the key has no row. */
-export async function resumeKey(db: Transactional, key: string, options: { now?: Date } = {}): Promise<boolean> {
+export async function resumeKey(db: Transactional | Database, key: string, options: { now?: Date } = {}): Promise<boolean> {
   checkKey(key);
-  return (await toExecutor(db).query(RESUME_KEY_SQL, [key, now(options.now)])).length > 0;
+  return (await executorOf(db).query(RESUME_KEY_SQL, [key, now(options.now)])).length > 0;
 }
 
 function reason(value: unknown, fallback: string): string {
@@ -124,18 +129,18 @@ function reason(value: unknown, fallback: string): string {
 }
 
 /** Pauses a queue: no pass claims its tasks until it is resumed. Running tasks run on. */
-export async function pauseQueue(db: Transactional, queue: string, options: { reason?: string } = {}): Promise<void> {
+export async function pauseQueue(db: Transactional | Database, queue: string, options: { reason?: string } = {}): Promise<void> {
   checkQueue(queue);
-  await toExecutor(db).query(
+  await executorOf(db).query(
     `INSERT INTO outlive.queue_pauses (queue, reason) VALUES ($1, $2) ON CONFLICT (queue) DO UPDATE SET reason = excluded.reason`,
     [queue, reason(options.reason, 'paused by hand')],
   );
 }
 
 /** Resumes a paused queue; returns false if it was not paused. */
-export async function resumeQueue(db: Transactional, queue: string): Promise<boolean> {
+export async function resumeQueue(db: Transactional | Database, queue: string): Promise<boolean> {
   checkQueue(queue);
-  return (await toExecutor(db).query(`DELETE FROM outlive.queue_pauses WHERE queue OPERATOR(pg_catalog.=) $1 RETURNING queue`, [queue])).length > 0;
+  return (await executorOf(db).query(`DELETE FROM outlive.queue_pauses WHERE queue OPERATOR(pg_catalog.=) $1 RETURNING queue`, [queue])).length > 0;
 }
 
 function checkQueue(queue: unknown): void {
@@ -151,13 +156,13 @@ function checkQueue(queue: unknown): void {
  * with ready tasks are served three turns to one. Default 1; applies to
  * tasks placed from now on.
  */
-export async function setWeight(db: Transactional, queue: string, key: string, weight: number): Promise<void> {
+export async function setWeight(db: Transactional | Database, queue: string, key: string, weight: number): Promise<void> {
   checkQueue(queue);
   checkKey(key);
   if (typeof weight !== 'number' || !Number.isFinite(weight) || weight <= 0 || weight > 1000) {
     throw new FlowControlError('outlive: setWeight: weight must be a number > 0 and <= 1000');
   }
-  await toExecutor(db).query(
+  await executorOf(db).query(
     `INSERT INTO outlive.fairness (queue, key, weight) VALUES ($1, $2, $3)
      ON CONFLICT (queue, key) DO UPDATE SET weight = excluded.weight, updated_at = pg_catalog.now()`,
     [queue, key, weight],
@@ -174,8 +179,8 @@ ORDER BY l.key
 LIMIT 1000`;
 
 /** The keys' state: running, overrides, pauses, tasks waiting. For the CLI, the dashboard and tests. */
-export async function limitStatus(db: Transactional, keys: readonly string[] | null = null): Promise<LimitStatus[]> {
-  const rows = await toExecutor(db).query<{
+export async function limitStatus(db: Transactional | Database, keys: readonly string[] | null = null): Promise<LimitStatus[]> {
+  const rows = await executorOf(db).query<{
     key: string; running: number; concurrency: number | null; rate_limit: number | null; rate_period_ms: number | null;
     paused_until: Date | null; paused_reason: string | null; waiting: number;
   }>(LIMITS_SQL, [keys]);

@@ -33,7 +33,20 @@ export interface EnqueueOptions {
    * finished, the key is free again.
    */
   key?: string;
+  /**
+   * What an enqueue does when a task with the key is unfinished (graphile-worker's
+   * job_key_mode). 'dedupe' (default): returns it, unchanged. 'replace'
+   * (debounce): a pending task takes the new input and run time, so a burst of
+   * enqueues runs once, after the last; 'preserve_run_at' (throttle): it takes the
+   * new input and keeps its run time. A running task keeps running and gives
+   * its key up to a new pending row with the new input. Needs `key`.
+   */
+  keyMode?: KeyMode;
 }
+
+/** See {@link EnqueueOptions.keyMode}. */
+export type KeyMode = 'dedupe' | 'replace' | 'preserve_run_at';
+const KEY_MODES: readonly KeyMode[] = ['dedupe', 'replace', 'preserve_run_at'];
 
 /** Options of a bulk enqueue: as {@link EnqueueOptions}, with a key computed per input. */
 export interface EnqueueManyOptions<I> extends Omit<EnqueueOptions, 'key'> {
@@ -49,6 +62,7 @@ export interface Prepared {
   timeoutMs: number;
   runAt: Date | null;
   delayMs: number;
+  keyMode: KeyMode;
 }
 
 export function fail(task: AnyTask, message: string): never {
@@ -82,7 +96,10 @@ export function prepareOptions(task: AnyTask, options: EnqueueOptions | EnqueueM
   } catch (err) {
     throw new InvalidEnqueueError((err as Error).message);
   }
-  return { name: task.name, queue, priority, maxAttempts, timeoutMs, runAt: runAt ?? null, delayMs };
+  const keyMode = options.keyMode ?? 'dedupe';
+  if (!KEY_MODES.includes(keyMode)) fail(task, `keyMode must be one of ${KEY_MODES.map((m) => `'${m}'`).join(', ')}, got ${JSON.stringify(keyMode)}`);
+  if (keyMode !== 'dedupe' && options.key === undefined) fail(task, `keyMode '${keyMode}' needs a key`);
+  return { name: task.name, queue, priority, maxAttempts, timeoutMs, runAt: runAt ?? null, delayMs, keyMode };
 }
 
 /**

@@ -33,7 +33,7 @@ export function step<T extends AnyTask>(task: T, input: TaskInput<T>, options: S
 }
 
 /** A step checked and serialised, ready to be written as a task row. */
-export interface PreparedStep extends Omit<Prepared, 'delayMs'> {
+export interface PreparedStep extends Omit<Prepared, 'delayMs' | 'keyMode'> {
   step: string;
   input: string;
   after: string[];

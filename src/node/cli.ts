@@ -802,7 +802,7 @@ function keyLine(s: KeyState): string {
     `${s.running} running`,
     s.concurrency === null ? 'no concurrency limit' : `concurrency ${concurrencyCell(s)}`,
     s.rate === null ? 'no rate' : `rate ${rateCell(s)}${s.windowUsed === null ? '' : `, ${Math.round(s.windowUsed * 1000) / 1000} used in the window`}`,
-    s.pause ? pauseText(s.key, s.pause) : 'not paused',
+    s.pause ? pauseText(s.key, s.pause).slice(`key ${s.key} `.length) : 'not paused',
     tasksWait(s.waiting, s.waitingMore),
   ];
   return `key ${s.key}: ${parts.join('; ')}`;

@@ -89,6 +89,7 @@ export const FUNCTION_CALLERS: Readonly<Record<string, readonly Kind[]>> = {
   'claim_governed(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.text[])': ['worker'],
   'release_slots(pg_catalog.jsonb, pg_catalog.timestamptz)': ['worker', 'dashboard'],
   'fair_start(pg_catalog.text, pg_catalog.text)': ['app', 'worker'],
+  'enqueue_keyed(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.int4, pg_catalog.timestamptz, pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.bool)': ['app', 'worker'],
 };
 
 const WHAT: Record<Kind, string> = {

@@ -21,6 +21,8 @@ export interface EnqueuedTask {
   runAt: Date;
   /** True when an unfinished task with the same key already existed and was returned instead. */
   deduplicated: boolean;
+  /** With keyMode 'replace' or 'preserve_run_at': true when that pending task took this input. */
+  replaced?: boolean;
 }
 
 /**
@@ -87,6 +89,13 @@ ON CONFLICT (name, key) WHERE key IS NOT NULL AND state OPERATOR(pg_catalog.=) A
 DO NOTHING
 RETURNING id::text, queue, state::text, run_at, key`;
 
+// Enqueues with a keyMode other than 'dedupe', through the function that
+// may rewrite the pending row of a key (migration 0014).
+const ENQUEUE_KEYED_SQL = `
+SELECT * FROM outlive.enqueue_keyed($1, $2, $3, $4, $5,
+  coalesce($6::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+) ($7::float8 OPERATOR(pg_catalog.*) interval '1 millisecond'),
+  $8, $9, $10, $11, $12)`;
+
 // The unfinished rows of keys INSERT_TASKS skipped. A statement of its own:
 // in READ COMMITTED a row that another transaction committed while the
 // insert waited for it is not in the insert's snapshot, but is in this one's.
@@ -120,6 +129,13 @@ function toTask(p: Prepared, r: WrittenRow, deduplicated: boolean): EnqueuedTask
  */
 async function insertRows(tx: Transactional, p: Prepared, inputs: string[], keys: (string | null)[], flows: (RowFlow | null)[]): Promise<EnqueuedTask[]> {
   const db = toExecutor(tx);
+  if (p.keyMode !== 'dedupe') {
+    const rows = await db.query<WrittenRow & { replaced: boolean }>(ENQUEUE_KEYED_SQL, [
+      p.name, p.queue, p.priority, p.maxAttempts, p.timeoutMs, p.runAt, p.delayMs, inputs, keys,
+      flows.map((f) => f?.fairKey ?? null), flows.map((f) => f?.limits ?? null), p.keyMode === 'preserve_run_at',
+    ]);
+    return rows.map((r) => ({ ...toTask(p, r, r.replaced), replaced: r.replaced }));
+  }
   const insert = (at: readonly number[] | null) => {
     const { text, values } = at
       ? insertStatement(p, at.map((i) => inputs[i]!), at.map((i) => keys[i]!), at.map((i) => flows[i]!))

@@ -3,21 +3,24 @@
  * Cloudflare Worker, the Vercel functions and the local stack serve the same
  * pages: `handleDashboard(request, db, { token, basePath })`.
  *
- * Routes under `basePath`: `/` the overview, `/runs/:id`, `/tasks/:id`, and
- * the actions `POST /tasks/:id/retry`, `POST /runs/:id/retry`,
- * `POST /runs/:id/cancel`. Without the token every route answers 401 and
- * shows nothing.
+ * Routes under `basePath`: `/` the overview, `/runs/:id`, `/tasks/:id`,
+ * `/limits`, and the actions `POST /tasks/:id/retry`, `POST /runs/:id/retry`,
+ * `POST /runs/:id/cancel`, `POST /limits/pause` and `/limits/resume` (form
+ * field `key`; `for` in ms and `reason` to pause), `POST /queues/pause` and
+ * `/queues/resume` (`queue`; `reason` to pause). Without the token every
+ * route answers 401 and shows nothing.
  */
 import { MIN_SECRET_LENGTHS } from '../../model/checks.js';
 import { cancelRun } from '../../admin/cancel.js';
 import { toError } from '../../model/errors.js';
-import type { Database } from '../../db/executor.js';
+import { toPool, type Database } from '../../db/executor.js';
 import { explainRun } from '../../admin/explain.js';
 import { secretsEqual } from '../nudge.js';
 import { retryRun, retryTask } from '../../admin/retry.js';
+import { FlowControlError, pauseKey, pauseQueue, resumeKey, resumeQueue } from '../../admin/flow.js';
 import { credentialOf, csrfValue, sameSiteForm, sessionCookie } from './auth.js';
-import { messagePage, overviewPage, runPage, taskPage, type PageContext } from './pages.js';
-import { finishedPerMinute, getTask, listFailures, listRuns, listSchedules, runEdges, status } from '../../admin/queries.js';
+import { limitsPage, messagePage, overviewPage, runPage, taskPage, type PageContext } from './pages.js';
+import { finishedPerMinute, getTask, listFailures, listKeys, listRuns, listSchedules, pausedQueues, runEdges, status } from '../../admin/queries.js';
 
 /** How the dashboard is mounted and protected. */
 export interface DashboardOptions {
@@ -61,7 +64,18 @@ const FLASH: Record<string, string> = {
   'run-cancelled': 'Cancelled: the run\'s pending and running tasks are cancelled.',
   'not-retried': 'Nothing was retried: it is not failed or cancelled (any more).',
   'not-cancelled': 'Nothing was cancelled: the run had already finished.',
+  'key-paused': 'Paused: no task of the key starts until it is resumed or its pause ends. Running tasks run on.',
+  'key-resumed': 'Resumed: the key\'s waiting tasks start at the next pass, as its limits allow.',
+  'key-not-resumed': 'Nothing was resumed: there is no such key.',
+  'queue-paused': 'Paused: no pass claims the queue\'s tasks until it is resumed. Running tasks run on.',
+  'queue-resumed': 'Resumed: the queue\'s tasks are claimed again.',
+  'queue-not-paused': 'Nothing was resumed: the queue is not paused.',
 };
+
+/** Keys the limits page shows at most (those paused, waiting or running first). */
+const MAX_KEYS_SHOWN = 200;
+/** The longest pause the dashboard's form may ask for, in ms: 30 days. */
+const MAX_PAUSE_MS = 30 * 86_400_000;
 
 const ID = '([1-9][0-9]{0,18})';
 
@@ -126,6 +140,10 @@ export async function handleDashboard(request: Request, db: Database, options: D
       if (!task) return page(404, messagePage('Not found', `There is no task ${m[1]}.`));
       return page(200, taskPage(ctx, task));
     }
+    if (path === '/limits') {
+      const [{ keys, total }, queues] = await Promise.all([listKeys(db, { limit: MAX_KEYS_SHOWN }), pausedQueues(db)]);
+      return page(200, limitsPage(ctx, { keys, total, queues }));
+    }
     return page(404, messagePage('Not found', 'There is nothing here.'));
   } catch (err) {
     // The message may name the database's host; log it, show only that it failed.
@@ -159,5 +177,36 @@ async function act(request: Request, db: Database, path: string, basePath: strin
     if (r.state === null) return page(404, messagePage('Not found', `There is no run ${m[1]}.`));
     return redirect(`${basePath}/runs/${m[1]}?flash=${r.cancelled ? 'run-cancelled' : 'not-cancelled'}`);
   }
+  if (/^\/(limits|queues)\/(pause|resume)$/.test(path)) {
+    try {
+      return redirect(`${basePath}/limits?flash=${await flowAction(db, path, form)}`);
+    } catch (err) {
+      if (err instanceof FlowControlError) return page(400, messagePage('Bad request', err.message.replace(/^outlive: /, '')));
+      throw err;
+    }
+  }
   return page(404, messagePage('Not found', 'There is no such action.'));
+}
+
+/** Pauses or resumes a key or a queue from a form; returns the flash to show. */
+async function flowAction(database: Database, path: string, form: URLSearchParams): Promise<string> {
+  const db = toPool(database);
+  const reason = form.get('reason')?.trim() || undefined;
+  switch (path) {
+    case '/limits/pause': {
+      const ms = form.get('for') ?? '';
+      if (ms !== '' && !(/^[1-9][0-9]{0,10}$/.test(ms) && Number(ms) <= MAX_PAUSE_MS)) {
+        throw new FlowControlError(`outlive: a pause lasts a whole number of milliseconds up to ${MAX_PAUSE_MS}, or until resumed`);
+      }
+      await pauseKey(db, form.get('key') ?? '', { until: ms === '' ? undefined : new Date(Date.now() + Number(ms)), reason });
+      return 'key-paused';
+    }
+    case '/limits/resume':
+      return (await resumeKey(db, form.get('key') ?? '')) ? 'key-resumed' : 'key-not-resumed';
+    case '/queues/pause':
+      await pauseQueue(db, form.get('queue')?.trim() ?? '', { reason });
+      return 'queue-paused';
+    default:
+      return (await resumeQueue(db, form.get('queue') ?? '')) ? 'queue-resumed' : 'queue-not-paused';
+  }
 }

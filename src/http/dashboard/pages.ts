@@ -1,11 +1,14 @@
 /**
  * The dashboard's pages, rendered on the server: the overview (counts, the
- * last hour, runs, failures, schedules), a run (its graph and why each task
- * waits) and a task (input, output, error history). Every value from the
- * rows goes through {@link html}, which escapes it.
+ * last hour, runs, failures, schedules, what flow control holds back), a run
+ * (its graph and why each task waits), a task (input, output, error
+ * history) and the limits (keys, their windows and pauses, paused queues,
+ * with buttons to pause and resume). Every value from the rows goes through
+ * {@link html}, which escapes it.
  */
 import type { ExplainedRun } from '../../admin/explain.js';
-import type { StatusReport, RunSummary, TaskSummary, TaskDetail, ScheduleSummary } from '../../admin/queries.js';
+import { formatPeriod, keyWait, pauseText } from '../../admin/queries.js';
+import type { KeyState, QueuePause, StatusReport, RunSummary, TaskSummary, TaskDetail, ScheduleSummary } from '../../admin/queries.js';
 import { RUN_STATES, TASK_STATES } from '../../model/states.js';
 import { html, raw, type Html } from './html.js';
 import { layoutRun, renderRunGraph, renderThroughput, STATE_COLOURS } from './graph.js';
@@ -40,6 +43,7 @@ pre{background:#fff;border:1px solid #e4e4e7;padding:8px;overflow:auto;max-heigh
 .graph-wrap{overflow:auto;background:#fff;border:1px solid #e4e4e7;max-height:640px}
 svg.graph text{font:12px system-ui,sans-serif}svg.graph text.state{font-size:10px;fill:#333}
 svg.graph .edge{fill:none;stroke:#888;stroke-width:1.2}svg.chart .axis{font:10px system-ui,sans-serif;fill:#667}
+form.pause input[name=reason]{width:11em}select{font:inherit}
 .flash{background:#fff8c5;border:1px solid #e5d38a;padding:6px 10px;margin-bottom:10px}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:3px 14px;background:#fff;padding:10px;border:1px solid #e4e4e7}dt{color:#667}dd{margin:0}
 `);
@@ -78,7 +82,7 @@ export function layout(ctx: PageContext, title: string, body: Html): string {
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 ${ctx.refreshSeconds > 0 ? html`<meta http-equiv="refresh" content="${ctx.refreshSeconds}">` : ''}
 <title>${title} · outlive</title><style>${STYLE}</style></head>
-<body><header><a href="${ctx.basePath}/">outlive</a><span class="muted">${title}</span><span class="muted" style="margin-left:auto">${ctx.refreshSeconds > 0 ? `refreshes every ${ctx.refreshSeconds}s` : 'not refreshing'} · ${ctx.now.toISOString().slice(0, 19).replace('T', ' ')} UTC</span></header>
+<body><header><a href="${ctx.basePath}/">outlive</a><a href="${ctx.basePath}/limits">limits</a><span class="muted">${title}</span><span class="muted" style="margin-left:auto">${ctx.refreshSeconds > 0 ? `refreshes every ${ctx.refreshSeconds}s` : 'not refreshing'} · ${ctx.now.toISOString().slice(0, 19).replace('T', ' ')} UTC</span></header>
 <main>${ctx.flash ? html`<div class="flash" role="status">${ctx.flash}</div>` : ''}${body}</main></body></html>`.value;
 }
 
@@ -111,6 +115,7 @@ ${s.unrunnable.length === 0 ? '' : html`<h2>Ready, but no pass knows them</h2>
 <table id="unrunnable"><thead><tr><th>task</th><th>ready</th><th>why</th></tr></thead><tbody>
 ${s.unrunnable.map((u) => html`<tr data-name="${u.name}"><td>${u.name}</td><td>${u.ready}</td><td>${u.why}</td></tr>`)}
 </tbody></table>`}
+${flowControl(ctx, s)}
 <h2>Runs by state</h2>
 <div class="cards" id="run-counts">${RUN_STATES.map((st) => html`<div class="card" data-state="${st}">${badge(st)}<b>${s.runs[st]}</b></div>`)}</div>
 <h2>Tasks finished per minute, last hour</h2>
@@ -125,6 +130,22 @@ ${data.schedules.length === 0
 ${data.schedules.map((sc) => html`<tr><td>${sc.name}</td><td><code>${sc.cron}</code> ${sc.timezone}</td><td>${sc.task}</td><td>${sc.lastSlot ? html`${sc.lastSlot.toISOString()} (${when(sc.lastFiredAt, ctx.now)})` : '-'}</td><td>${sc.nextSlot.toISOString()} (${ago(sc.nextSlot, ctx.now)})</td></tr>`)}
 </tbody></table>`}`;
   return layout(ctx, 'Overview', body);
+}
+
+/** "12 tasks", "1 task", "10000+ tasks". */
+function tasks(n: number, more: boolean): string {
+  return more ? `${n}+ tasks` : n === 1 ? '1 task' : `${n} tasks`;
+}
+
+/** What flow control holds back, on the overview: keys tasks wait for or paused, and paused queues. */
+function flowControl(ctx: PageContext, s: StatusReport): Html {
+  if (s.waits.length === 0 && s.pausedQueues.length === 0) return html``;
+  return html`<h2>Held back by flow control</h2>
+<table id="held-back"><thead><tr><th>what</th><th>waiting</th><th>why</th></tr></thead><tbody>
+${s.waits.map((w) => html`<tr data-key="${w.key}"><td>key ${w.key}</td><td>${w.waiting || w.waitingMore ? tasks(w.waiting, w.waitingMore) : '-'}</td><td>${w.wait?.text ?? `key ${w.key} has room again: the next pass takes its tasks`}</td></tr>`)}
+${s.pausedQueues.map((q) => html`<tr data-queue="${q.queue}"><td>queue ${q.queue}</td><td>${tasks(s.queues.find((x) => x.queue === q.queue)?.counts.pending ?? 0, false)} pending</td><td>queue ${q.queue} is paused${q.reason ? `: ${q.reason}` : ''} (since ${ago(q.pausedAt, ctx.now)})</td></tr>`)}
+</tbody></table>
+<p class="muted"><a href="${ctx.basePath}/limits">Limits, pauses and queues</a></p>`;
 }
 
 /** Tasks listed under the graph (the rest are summed up). */
@@ -184,6 +205,66 @@ ${t.errors.length === 0
 ${[...t.errors].reverse().map((e) => html`<tr><td>${e.attempt}</td><td>${e.at}</td><td class="err">${e.name}: ${e.message}</td></tr>`)}
 </tbody></table>`}`;
   return layout(ctx, `Task #${t.id}`, body);
+}
+
+/** A form that posts back with the page's CSRF value, its fields hidden. */
+function postForm(ctx: PageContext, path: string, fields: Record<string, string>, inner: Html, cls = 'inline'): Html {
+  return html`<form class="${cls}" method="post" action="${ctx.basePath}${path}"><input type="hidden" name="csrf" value="${ctx.csrf}">${Object.entries(fields).map(([k, v]) => html`<input type="hidden" name="${k}" value="${v}">`)}${inner}</form>`;
+}
+
+/** How long a pause from the dashboard lasts: until resumed, or one of these. */
+const PAUSE_FOR: [string, string][] = [['', 'until resumed'], ['300000', 'for 5 min'], ['900000', 'for 15 min'], ['3600000', 'for 1 hour'], ['86400000', 'for 1 day']];
+
+function keyActions(ctx: PageContext, k: KeyState): Html {
+  if (k.pause) return postForm(ctx, '/limits/resume', { key: k.key }, html`<button type="submit" data-action="resume-key">Resume</button>`);
+  return postForm(
+    ctx,
+    '/limits/pause',
+    { key: k.key },
+    html`<select name="for" aria-label="how long">${PAUSE_FOR.map(([v, label]) => html`<option value="${v}">${label}</option>`)}</select>
+<input name="reason" placeholder="reason" maxlength="500" aria-label="reason"> <button type="submit" data-action="pause-key">Pause</button>`,
+    'inline pause',
+  );
+}
+
+function windowUse(k: KeyState, now: Date): Html {
+  if (!k.rate || k.windowUsed === null) return html`-`;
+  const used = Math.round(k.windowUsed * 1000) / 1000;
+  const pct = Math.min(100, Math.round((k.windowUsed / k.rate.limit) * 100));
+  return html`<span class="bar" title="${pct}%"><span style="width:${pct}%"></span></span> <span class="window">${used} of ${k.rate.limit}</span>${k.nextStartAt && keyWait({ ...k, pause: null, concurrency: null }) ? html` <span class="muted next-start">next start ${when(k.nextStartAt, now)}</span>` : ''}`;
+}
+
+/** The limits: each key with its slots, its rate's window and its pause; the paused queues; buttons to pause and resume. */
+export function limitsPage(ctx: PageContext, data: { keys: KeyState[]; total: number; queues: QueuePause[] }): string {
+  const body = html`<h1>Limits</h1>
+<p class="muted">Limits, pauses and weights live in rows: what is changed here (or with <code>outlive limit</code>, <code>outlive queue</code>) the next claim obeys.${ctx.refreshSeconds > 0 ? html` <a href="?refresh=0">Stop refreshing</a> to type a reason.` : ''}</p>
+<h2>Keys</h2>
+${data.keys.length === 0
+    ? html`<p class="muted">No keys yet: a key appears when a claim first looks at a task that declares it, or when it is set or paused.</p>`
+    : html`<table id="limits"><thead><tr><th>key</th><th>running</th><th>rate</th><th>window</th><th>paused</th><th>waiting</th><th>why</th><th></th></tr></thead><tbody>
+${data.keys.map((k) => {
+  const wait = keyWait(k);
+  return html`<tr data-key="${k.key}" data-paused="${k.pause ? 'yes' : 'no'}"><td>${k.key}</td>
+<td class="running">${k.running} of ${k.concurrency ?? '∞'}${k.concurrencySet ? html` <span class="muted">(set)</span>` : ''}</td>
+<td>${k.rate ? html`${k.rate.limit} per ${formatPeriod(k.rate.periodMs)}${k.rateSet ? html` <span class="muted">(set)</span>` : ''}` : '-'}</td>
+<td>${windowUse(k, ctx.now)}</td>
+<td class="paused">${k.pause ? pauseText(k.key, k.pause).slice(`key ${k.key} `.length) : '-'}</td>
+<td class="waiting">${k.waitingMore ? `${k.waiting}+` : k.waiting}</td>
+<td class="why">${wait ? wait.text : k.waiting > 0 ? 'has room again: the next pass takes its tasks' : ''}</td>
+<td>${keyActions(ctx, k)}</td></tr>`;
+})}
+</tbody></table>
+${data.total > data.keys.length ? html`<p class="muted">${data.keys.length} of ${data.total} keys shown: those paused, with tasks waiting or running first (all of them with <code>outlive limits --limit ${data.total}</code>).</p>` : ''}`}
+<h2>Paused queues</h2>
+${data.queues.length === 0
+    ? html`<p class="muted">No queue is paused.</p>`
+    : html`<table id="paused-queues"><thead><tr><th>queue</th><th>reason</th><th>since</th><th></th></tr></thead><tbody>
+${data.queues.map((q) => html`<tr data-queue="${q.queue}"><td>${q.queue}</td><td>${q.reason ?? '-'}</td><td>${when(q.pausedAt, ctx.now)}</td><td>${postForm(ctx, '/queues/resume', { queue: q.queue }, html`<button type="submit" data-action="resume-queue">Resume</button>`)}</td></tr>`)}
+</tbody></table>`}
+<h3>Pause a queue</h3>
+${postForm(ctx, '/queues/pause', {}, html`<input name="queue" placeholder="queue" required maxlength="200" aria-label="queue"> <input name="reason" placeholder="reason" maxlength="500" aria-label="reason"> <button type="submit" data-action="pause-queue">Pause queue</button>`, 'pause-queue')}
+<p class="muted">No pass claims a paused queue's tasks; running tasks run on.</p>`;
+  return layout(ctx, 'Limits', body);
 }
 
 /** A short page for errors and refusals (nothing from the database on it). */
