@@ -33,6 +33,8 @@ export interface CheckReport {
   scheduledSlots: number;
   /** Tasks whose handler never fails that still failed for good (their attempts used up by kills, hangs and cuts). */
   exhaustedByFaults: number;
+  /** Samples of the limit keys' counts taken during the run (the harness's). */
+  keySamples?: number;
 }
 
 async function q<R>(pool: pg.Pool, text: string, params: unknown[] = []): Promise<R[]> {

@@ -13,7 +13,7 @@ import { checkAll, type CheckReport, type Expected } from './check.js';
 import { startOwnPostgres, type OwnPostgres } from './postgres.js';
 import { prng, type Prng } from './prng.js';
 import { startProxy, type TcpProxy } from './proxy.js';
-import { chaosTasks, createEffects, type Behaviour, type Mode } from './tasks.js';
+import { chaosTasks, createEffects, LIMITED_CONCURRENCY, type Behaviour, type Mode } from './tasks.js';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 
@@ -182,6 +182,13 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
           enqueueFailures++;
           for (const b of inputs) expected.plainUncertain.add(b.n);
         }
+        // Tasks with limits and fairness: a tenant with a backlog and three small ones.
+        const limited = inputs.slice(0, Math.max(1, Math.floor(inputs.length / 8))).map((b, i) => ({ ...b, n: -10_000 - n - i, tenant: i % 2 === 0 ? 'big' : `t${i % 3}` }));
+        try {
+          await enqueueMany(pool, tasks.limited, limited);
+        } catch {
+          enqueueFailures++;
+        }
         runCredit += perRoundRuns;
         while (runCredit >= 1) {
           runCredit--;
@@ -290,10 +297,40 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
         } catch (err) {
           log(`fault ${fault} could not be injected: ${(err as Error).message}`);
         }
+        await sampleKeys(`after ${fault}`);
       }
     };
 
-    await Promise.all([produce(), chaos()]);
+    // Each key's count of running tasks, against the running rows that hold
+    // it, in one snapshot: the two move together in every statement, so any
+    // difference, or a count over the key's concurrency, is a violation.
+    const keyViolations: string[] = [];
+    let keySamples = 0;
+    const sampleKeys = async (when: string) => {
+      const rows = await pool
+        .query<{ key: string; running: number; actual: number }>(
+          `SELECT l.key, l.running,
+                  (SELECT count(*)::int FROM outlive.tasks t, jsonb_array_elements(t.limits) x
+                   WHERE t.state = 'running' AND t.limits IS NOT NULL AND x->>'k' = l.key) AS actual
+           FROM outlive.limits l`,
+        )
+        .then((r) => r.rows)
+        .catch(() => null);
+      if (!rows) return;
+      keySamples++;
+      for (const r of rows) {
+        const cap = LIMITED_CONCURRENCY[r.key] ?? (r.key.startsWith('chaos.tenant:') ? 1 : Infinity);
+        if (r.running !== r.actual || r.actual > cap) keyViolations.push(`${when}: key ${r.key} counts ${r.running} running, rows say ${r.actual}, limit ${cap}`);
+      }
+    };
+    const sampler = async () => {
+      while (Date.now() < productionEnds) {
+        await sleep(250);
+        await sampleKeys('sample');
+      }
+    };
+
+    await Promise.all([produce(), chaos(), sampler()]);
 
     // Drain: the processes finish the work (no more faults).
     const drainEnds = Date.now() + config.drainMs;
@@ -327,7 +364,7 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
     let finalRecovered = (await recover(pool, { now: future, limit: 100_000 })).rows.length;
     let finalDrained = 0;
     // An hour apart: recovery's backoff is at most an hour, so what it handed back is due at the first.
-    for (let i = 1; i <= 50; i++) {
+    for (let i = 1; i <= 500; i++) {
       const at = new Date(future.getTime() + i * 3_600_000);
       const r = await tick(pool, { tasks: tasks.all, now: at, budgetMs: 60_000, concurrency: 16, leaseGraceMs: 500 });
       finalDrained += r.claimed;
@@ -335,7 +372,11 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
     }
     const checkAt = new Date(future.getTime() + 100 * 3_600_000);
     finalRecovered += (await recover(pool, { now: checkAt, limit: 100_000 })).rows.length;
+    await sampleKeys('at the end');
     const check = await checkAll(pool, expected, checkAt);
+    if (keySamples === 0) check.violations.push('the keys of chaos.limited were never sampled');
+    if (keyViolations.length > 0) check.violations.push(`flow control: ${keyViolations.length} samples where a key's count was off (e.g. ${keyViolations.slice(0, 3).join('; ')})`);
+    check.keySamples = keySamples;
 
     await pool.end();
     await server.stop();
@@ -362,6 +403,7 @@ export function summarise(result: ChaosResult, replay: string): string {
     `  faults injected: ${Object.values(result.faults).reduce((a, b) => a + b, 0)} ${JSON.stringify(result.faults)}; enqueues that failed under faults: ${result.enqueueFailures}`,
     `  pass reports of the processes (a killed process's last pass never reports): ${JSON.stringify(result.passes)}`,
     `  executions (side effects): ${c.effects}; tasks re-executed: ${c.reExecutedTasks} (${c.extraExecutions} extra executions); executions whose result was discarded: ${c.discardedExecutions}`,
+    `  flow control: ${c.keySamples ?? 0} samples of every key's running count against its running rows and limit`,
     `  final recovery: ${result.finalRecovered} leases recovered, ${result.finalDrained} tasks run by the final passes; well-behaved tasks failed by faults alone: ${c.exhaustedByFaults}`,
   ];
   if (result.unexpectedExits.length > 0) {

@@ -30,6 +30,9 @@ export type Behaviour = z.input<typeof behaviour>;
 export const PLAIN_TIMEOUT_MS = 1_500;
 export const PLAIN_MAX_ATTEMPTS = 4;
 
+/** The concurrency of chaos.limited's keys: a tenant's key allows 1. */
+export const LIMITED_CONCURRENCY: Record<string, number> = { 'chaos.api': 3 };
+
 /** The effects table: one row per execution that got as far as its side effect. */
 export async function createEffects(pool: pg.Pool): Promise<void> {
   await pool.query(`CREATE TABLE IF NOT EXISTS chaos_effects (
@@ -87,6 +90,29 @@ export function chaosTasks(pool: pg.Pool) {
     },
   });
 
+  // Flow control under faults: a concurrency shared by all, one per tenant,
+  // a rate, and fair turns between tenants (issue 26). The harness samples
+  // the keys' counts against the running rows after every fault.
+  const limited = defineTask({
+    name: 'chaos.limited',
+    input: behaviour.extend({ tenant: z.string() }),
+    timeoutMs: PLAIN_TIMEOUT_MS,
+    retry: { maxAttempts: PLAIN_MAX_ATTEMPTS, backoff: { baseMs: 100, maxMs: 800 } },
+    limits: [
+      { key: 'chaos.api', concurrency: LIMITED_CONCURRENCY['chaos.api']! },
+      { key: (i) => `chaos.tenant:${i.tenant}`, concurrency: 1 },
+      { key: 'chaos.rate', rate: { limit: 200, periodMs: 1_000 } },
+    ],
+    fairness: { key: (i) => i.tenant },
+    async run({ mode, failUntil, sleepMs }, ctx) {
+      if (mode === 'fail') throw new Error('chaos: this task always fails');
+      if (mode === 'flaky' && ctx.attempt < failUntil) throw new Error(`chaos: attempt ${ctx.attempt} fails`);
+      if (mode === 'slow' || mode === 'hang') await sleep(Math.min(sleepMs, PLAIN_TIMEOUT_MS / 2), ctx.signal);
+      const token = await effect(ctx.taskId, ctx.attempt, 'limited');
+      return { token, attempt: ctx.attempt };
+    },
+  });
+
   const join = defineTask({
     name: 'chaos.join',
     input: z.object({ expect: z.number().int() }),
@@ -139,5 +165,5 @@ export function chaosTasks(pool: pg.Pool) {
     missed: { catchUp: 1000 },
   });
 
-  return { plain, join, fan, scheduled, all: [plain, join, fan, scheduled], schedules: [everySecond] };
+  return { plain, join, fan, scheduled, limited, all: [plain, join, fan, scheduled, limited], schedules: [everySecond] };
 }
