@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { tick } from '../src/index.js';
 import { createUsers, sendWelcome, signUp } from '../examples/demo.js';
-import { freshDb } from './support/db.js';
+import { closePool, freshDb } from './support/db.js';
 
 const db = await freshDb();
 await createUsers(db.pool);
@@ -24,5 +24,40 @@ describe('examples/demo.ts', () => {
     ]);
     expect(rows[1]!.last_error).toBe('mailbox nobody@invalid.example does not exist');
     expect(await db.rows('SELECT email FROM demo_users ORDER BY id')).toEqual([{ email: 'ada@example.com' }, { email: 'nobody@invalid.example' }]);
+  });
+});
+
+describe('examples/generate-pages.ts', () => {
+  it('builds every page of two imports under the provider’s limits, never more than 5 calls at once, and waits out a 429 without spending attempts', async () => {
+    const { generatePage, importSite, model } = await import('../examples/generate-pages.js');
+    const fresh = await freshDb();
+    await importSite(fresh.pool, 'acme', Array.from({ length: 30 }, (_, i) => `a${i}`));
+    await importSite(fresh.pool, 'tiny', ['t0', 't1', 't2']);
+    const pools = Array.from({ length: 3 }, () => fresh.newPool({ max: 3 }));
+    for (let round = 0; round < 200; round++) {
+      const reports = await Promise.all(pools.map((pool) => tick(pool, { tasks: [generatePage], concurrency: 8 })));
+      if (reports.every((r) => r.claimed === 0)) break;
+    }
+    const done = await fresh.rows<{ customer: string; n: number; last: Date }>(
+      `SELECT input->>'customerId' AS customer, count(*)::int AS n, max(finished_at) AS last FROM outlive.tasks WHERE state = 'succeeded' GROUP BY 1 ORDER BY 1`,
+    );
+    expect(done.map((d) => [d.customer, d.n])).toEqual([['acme', 30], ['tiny', 3]]);
+    // The small import was not left behind the big one.
+    expect(done[1]!.last.getTime()).toBeLessThan(done[0]!.last.getTime());
+    expect(model.mostAtOnce).toBeLessThanOrEqual(5);
+    expect(model.refused).toBe(0);
+    // The provider's window is full (as if another app used the same key): a 429 pauses the key for everyone.
+    model.calls = Array.from({ length: 60 }, () => Date.now());
+    await importSite(fresh.pool, 'late', ['l0']);
+    expect(await tick(fresh.pool, { tasks: [generatePage] })).toMatchObject({ claimed: 1 });
+    expect(model.refused).toBe(1);
+    const [late] = await fresh.rows<{ state: string; attempts: number; paused: boolean }>(
+      `SELECT t.state::text, t.attempts, l.paused_until > now() AS paused FROM outlive.tasks t, outlive.limits l WHERE t.input->>'customerId' = 'late' AND l.key = 'openai'`,
+    );
+    expect(late).toEqual({ state: 'pending', attempts: 0, paused: true });
+    expect(await tick(fresh.pool, { tasks: [generatePage] })).toMatchObject({ claimed: 0 });
+    model.calls = [];
+    expect(await tick(fresh.pool, { tasks: [generatePage], now: new Date(Date.now() + 1_500) })).toMatchObject({ claimed: 1, succeeded: 1 });
+    await Promise.all(pools.map(closePool));
   });
 });

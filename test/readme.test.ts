@@ -44,3 +44,13 @@ describe("the README's Use it in your app", () => {
     }
   });
 });
+
+describe("the README's Flow control", () => {
+  it('shows the task examples/generate-pages.ts defines, as it is (test/examples.test.ts runs it)', () => {
+    const example = readFileSync(new URL('examples/generate-pages.ts', root), 'utf8');
+    const region = example.slice(example.indexOf('// #region generate-page\n') + '// #region generate-page\n'.length, example.indexOf('// #endregion generate-page'));
+    expect(region).toContain("name: 'generate-page'");
+    const section = readme.slice(readme.indexOf('## Flow control'), readme.indexOf('## Serverless: cron ticks'));
+    expect(section).toContain('```ts\n' + region + '```');
+  });
+});
