@@ -11,7 +11,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Browser, Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { enqueue, startRun, step, tick } from '../src/index.js';
+import { enqueue, setLimit, startRun, step, tick } from '../src/index.js';
 import { handleDashboard } from '../src/http/dashboard/index.js';
 import { serveHandler } from '../scripts/local/http.js';
 import { launchChromium } from './support/browser.js';
@@ -138,6 +138,37 @@ describe('the dashboard in Chromium', () => {
     expect(await page.locator('#output').innerText()).toContain('"fixed": "the mail server said no"');
     // The failed attempt stays in the history.
     expect(await page.locator('#errors tbody tr').count()).toBe(1);
+  });
+
+  it('pauses and resumes a key and a queue from the limits page', async () => {
+    await setLimit(db.pool, 'openai', { concurrency: 2 });
+    await page.goto(`${base}/limits?refresh=0`);
+    expect(await page.locator('h1').innerText()).toBe('Limits');
+    const row = page.locator('#limits tr[data-key="openai"]');
+    expect(await row.locator('td.running').innerText()).toBe('0 of 2 (set)');
+    await row.locator('select[name="for"]').selectOption('900000');
+    await row.locator('input[name="reason"]').fill('provider <incident>');
+    await Promise.all([page.waitForURL(`${base}/limits?flash=key-paused`), row.locator('button[data-action="pause-key"]').click()]);
+    expect(await page.locator('.flash').innerText()).toMatch(/^Paused/);
+    expect(await row.getAttribute('data-paused')).toBe('yes');
+    expect(await row.locator('td.paused').innerText()).toMatch(/^paused until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(in 1[45]m\): provider <incident>$/);
+    expect(await row.locator('td.paused time').getAttribute('datetime')).toMatch(/Z$/);
+    const [paused] = await db.rows<{ paused_until: Date; paused_reason: string }>(`SELECT paused_until, paused_reason FROM outlive.limits WHERE key = 'openai'`);
+    expect(paused!.paused_reason).toBe('provider <incident>');
+    expect(paused!.paused_until.getTime() - Date.now()).toBeGreaterThan(890_000);
+
+    await page.locator('form.pause-queue input[name="queue"]').fill('imports');
+    await page.locator('form.pause-queue input[name="reason"]').fill('deploying');
+    await Promise.all([page.waitForURL(`${base}/limits?flash=queue-paused`), page.locator('button[data-action="pause-queue"]').click()]);
+    expect(await page.locator('#paused-queues tr[data-queue="imports"]').innerText()).toContain('deploying');
+    await page.screenshot({ path: path.join(shots, 'limits.png'), fullPage: true });
+
+    await Promise.all([page.waitForURL(`${base}/limits?flash=key-resumed`), row.locator('button[data-action="resume-key"]').click()]);
+    expect(await row.getAttribute('data-paused')).toBe('no');
+    await Promise.all([page.waitForURL(`${base}/limits?flash=queue-resumed`), page.locator('#paused-queues button[data-action="resume-queue"]').click()]);
+    expect(await page.locator('#paused-queues').count()).toBe(0);
+    expect(await db.rows(`SELECT paused_until FROM outlive.limits WHERE key = 'openai'`)).toEqual([{ paused_until: null }]);
+    expect(await db.rows(`SELECT queue FROM outlive.queue_pauses`)).toEqual([]);
   });
 
   it('takes a bearer token from scripts, without a CSRF value', async () => {

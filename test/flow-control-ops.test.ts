@@ -37,6 +37,17 @@ async function refused(code: number, ...args: string[]): Promise<string> {
   return r.err;
 }
 
+const TOKEN = 'flow-control-ops-dashboard-token';
+const dashboard = (path: string, init: RequestInit = {}) =>
+  handleDashboard(new Request(`http://app.test/dashboard${path}`, init), db.pool, { token: TOKEN, log: () => undefined });
+
+/** A dashboard page, as a script reads it (bearer token). */
+async function page(path: string): Promise<string> {
+  const res = await dashboard(path, { headers: { authorization: `Bearer ${TOKEN}` } });
+  expect(res.status, path).toBe(200);
+  return res.text();
+}
+
 async function keyRow(d: TestDb, key: string) {
   const [row] = await d.rows<{
     concurrency: number | null; rate_limit: number | null; rate_period_ms: number | null; running: number;
@@ -53,7 +64,7 @@ const call = defineTask({ name: 'ops.call', input: z.object({ n: z.number() }), 
 const tokens = defineTask({
   name: 'ops.tokens',
   input: z.object({ est: z.number() }),
-  limits: [{ key: 'openai-tokens', rate: { limit: 100, periodMs: 60_000 }, cost: (i) => i.est }],
+  limits: [{ key: 'openai-tokens', rate: { limit: 100, periodMs: 3_600_000 }, cost: (i) => i.est }],
   run: () => undefined,
 });
 const provider = defineTask({
@@ -89,8 +100,8 @@ async function scene() {
   const tok = (await keyRow(db, 'openai-tokens'))!;
   const prov = (await keyRow(db, 'prov'))!;
   return {
-    // The 50 fits once the start of 60 leaves the window: at its start + 60 s.
-    nextTokenStart: new Date(Math.ceil(tok.starts[0]![0] + 60_000)),
+    // The 50 fits once the start of 60 leaves the window: at its start + 1 h.
+    nextTokenStart: new Date(Math.ceil(tok.starts[0]![0] + 3_600_000)),
     provUntil: prov.paused_until as Date,
   };
 }
@@ -103,7 +114,7 @@ describe('outlive status', () => {
     expect(r.code, r.err).toBe(0);
     const lines = r.out.split('\n');
     expect(lines).toContain('3 tasks wait for key openai: 2 of 2 running');
-    expect(lines).toContain(`1 task waits for rate limit openai-tokens: next start at ${nextTokenStart.toISOString()} (90 of 100 per 1m used)`);
+    expect(lines).toContain(`1 task waits for rate limit openai-tokens: next start at ${nextTokenStart.toISOString()} (90 of 100 per 1h used)`);
     expect(lines).toContain(
       `2 tasks wait: key prov paused until ${provUntil.toISOString()} after a 429: rate limited on key "prov": retry after 600000 ms`,
     );
@@ -131,8 +142,8 @@ describe('outlive limits', () => {
     const lines = r.out.split('\n');
     expect(lines[0]).toMatch(/^key\s+running\s+concurrency\s+rate\s+window\s+paused\s+waiting$/);
     expect(lines.find((l) => l.startsWith('openai '))).toMatch(/^openai\s+2\s+2\s+-\s+-\s+-\s+3$/);
-    expect(lines.find((l) => l.startsWith('openai-tokens '))).toMatch(/^openai-tokens\s+0\s+-\s+100 per 1m\s+90 of 100, next start in \d+s\s+-\s+1$/);
-    expect(lines.find((l) => l.startsWith('prov '))).toMatch(/^prov\s+0\s+5\s+-\s+-\s+9m \d+s more \(429\): rate limited on key "prov": retry after 600000 ms\s+2$/);
+    expect(lines.find((l) => l.startsWith('openai-tokens '))).toMatch(/^openai-tokens\s+0\s+-\s+100 per 1h\s+90 of 100, next start in (59m \d+s|1h 0m)\s+-\s+1$/);
+    expect(lines.find((l) => l.startsWith('prov '))).toMatch(/^prov\s+0\s+5\s+-\s+-\s+(9m \d+s|10m 0s) more \(429\): rate limited on key "prov": retry after 600000 ms\s+2$/);
     expect(lines).toContainEqual(expect.stringMatching(/^queue imports is paused: deploying \(since \S+Z\)$/));
 
     const j = JSON.parse((await cli('limits', 'openai-tokens', 'prov', '--json')).out) as {
@@ -149,6 +160,28 @@ describe('outlive limits', () => {
     const capped = await cli('limits', '--limit', '1');
     expect(capped.out.split('\n').filter((l) => /^(openai|prov)/.test(l)).map((l) => l.split(/\s+/)[0])).toEqual(['prov']);
     expect(capped.out).toContain('1 of 3 keys shown (paused, waiting and running first): name keys, or raise --limit');
+  });
+});
+
+describe('what rows hold, printed', () => {
+  // Keys, reasons and queues another role may write, with a newline (a forged line) and terminal escapes.
+  it('escapes keys, reasons and queues: no control character reaches the terminal', async () => {
+    const odd = (label: string) => `${label}\u001b[2J\u202e\nFAKE: ok\u0007`;
+    await db.pool.query(`INSERT INTO outlive.limits (key, paused_until, paused_reason) VALUES ($1, 'infinity', $2)`, [odd('key'), odd('reason')]);
+    await db.pool.query(`INSERT INTO outlive.queue_pauses (queue, reason) VALUES ($1, $2)`, [odd('queue'), odd('why')]);
+    try {
+      for (const args of [['limits'], ['status'], ['limit', 'pause', odd('key'), '--reason', 'x']]) {
+        const r = await cli(...args);
+        expect(r.code, r.err).toBe(0);
+        expect(r.out, args[0]).not.toMatch(/[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u202a-\u202e]/);
+        expect(r.out, args[0]).not.toMatch(/^FAKE: ok/m);
+      }
+      expect((await cli('status')).out).toContain('key key\\u001b[2J\\u202e\\nFAKE: ok\\u0007 paused by hand until resumed: x: no task waits for it yet');
+      expect((await cli('limits')).out).toContain('queue queue\\u001b[2J\\u202e\\nFAKE: ok\\u0007 is paused: why\\u001b[2J');
+    } finally {
+      await db.pool.query(`DELETE FROM outlive.limits WHERE key = $1`, [odd('key')]);
+      await db.pool.query(`DELETE FROM outlive.queue_pauses WHERE queue = $1`, [odd('queue')]);
+    }
   });
 });
 
@@ -183,7 +216,7 @@ describe('outlive limit, queue and weight', () => {
     expect((row.paused_until as Date).getTime()).toBeGreaterThanOrEqual(before + 600_000);
     expect((row.paused_until as Date).getTime()).toBeLessThan(Date.now() + 600_000);
     expect(row.paused_reason).toBe('provider incident');
-    expect(paused.out).toBe(`key openai-tokens paused until ${(row.paused_until as Date).toISOString()}: provider incident`);
+    expect(paused.out).toBe(`key openai-tokens paused by hand until ${(row.paused_until as Date).toISOString()}: provider incident`);
     const tokenTask = await enqueue(db.pool, tokens, { est: 1 });
     expect((await tick(db.pool, { tasks: [tokens] })).claimed).toBe(0);
     expect(await db.rows(`SELECT blocked_on FROM outlive.tasks WHERE id = $1`, [tokenTask.id])).toEqual([{ blocked_on: 'openai-tokens' }]);
@@ -235,7 +268,9 @@ describe('outlive limit, queue and weight', () => {
     expect(await refused(2, 'queue', 'pause', 'bad queue')).toMatch(/^outlive: queue name "bad queue" is invalid/);
     expect(await refused(2, 'weight', 'default', 'gold', '0')).toMatch(/expected a number greater than 0 and at most 1000/);
     expect(await refused(2, 'weight', 'default', 'gold', 'heavy')).toMatch(/expected a number greater than 0 and at most 1000/);
-    expect(await refused(2, 'limit')).toMatch(/^Usage: outlive limit/);
+    const err: string[] = [];
+    expect(await main(['limit'], { out: () => undefined, err: (l) => void err.push(l) })).toBe(2);
+    expect(err.join('\n')).toMatch(/Usage: outlive limit .*\n[\s\S]*set \[options\] <key>[\s\S]*pause \[options\] <key>[\s\S]*resume \[options\] <key>/);
     expect(await db.rows(`SELECT key, concurrency, rate_limit, paused_until FROM outlive.limits ORDER BY key`)).toEqual(before);
     expect(await db.rows(`SELECT queue FROM outlive.queue_pauses WHERE queue = 'bad queue'`)).toEqual([]);
   });
@@ -254,12 +289,10 @@ describe('explainRun', () => {
       plain: step(plain, {}),
       after: step(plain, {}, { after: ['full'] }),
     });
-    // The tasks' rate: the window (90 of 100) holds a start of 50 back.
-    await setLimit(db.pool, 'openai-tokens', { rate: null });
     const why = async () => Object.fromEntries((await explainRun(db.pool, run.id))!.tasks.map((t) => [t.step, t.why]));
     const prov = (await keyRow(db, 'prov'))!;
     const tok = (await keyRow(db, 'openai-tokens'))!;
-    const window = tok.starts.filter((s) => s[0] > Date.now() - 60_000);
+    const window = tok.starts.filter((s) => s[0] > Date.now() - 3_600_000);
     const reasons = await why();
     expect(reasons).toMatchObject({
       full: 'waiting: 3 of 2 running for key openai',
@@ -270,29 +303,32 @@ describe('explainRun', () => {
     });
     expect(reasons.plain).toMatch(/^ready: waiting for a pass to claim it$|no pass that ran knows task "ops\.plain"/);
     const used = window.reduce((s, x) => s + x[1], 0);
-    expect(used + 50).toBeGreaterThan(100);
-    expect(reasons.rated).toMatch(new RegExp(`^waiting: rate limit openai-tokens: next start at \\S+Z \\(${used} of 100 per 1m used\\)$`));
+    // The tasks' rate: the window (90 of 100) holds a start of 50 back.
+    expect(used).toBe(90);
+    expect(reasons.rated).toMatch(new RegExp(`^waiting: rate limit openai-tokens: next start at \\S+Z \\(${used} of 100 per 1h used\\)$`));
 
-    // A task found waiting for a key that has room again says so.
+    // A task found waiting for a key that has room now says when it is looked at again.
     await hold(db, ['ops.call']);
     const [full] = await db.rows<{ blocked_on: string | null }>(`SELECT blocked_on FROM outlive.tasks WHERE id = $1`, [run.tasks.full]);
     expect(full!.blocked_on).toBe('openai');
     await setLimit(db.pool, 'openai', { concurrency: 50 });
-    expect((await why()).full).toBe('waiting for key openai, which has room again: the next pass takes it');
+    expect((await why()).full).toBe('waiting: key openai has room again: the next pass takes its waiting tasks');
+    expect((await cli('status')).out).toContain('tasks wait: key openai has room again: the next pass takes its waiting tasks');
+    // Woken only when a slot is given back (wake_at infinity), or at a time.
+    await db.pool.query(`UPDATE outlive.limits SET wake_at = 'infinity' WHERE key = 'openai'`);
+    expect((await why()).full).toBe(
+      'waiting: key openai has room (3 running), but its waiting tasks are looked at again only when one of its running tasks gives its slot back',
+    );
+    await db.pool.query(`UPDATE outlive.limits SET wake_at = '2099-01-01T00:00:00Z' WHERE key = 'openai'`);
+    expect((await why()).full).toBe('waiting: key openai has room: its waiting tasks are looked at again at 2099-01-01T00:00:00.000Z');
     await setLimit(db.pool, 'openai', { concurrency: null });
   });
 });
 
 describe('the dashboard', () => {
-  const token = 'flow-control-ops-dashboard-token';
-  const base = 'http://app.test/dashboard';
+  const token = TOKEN;
   const bearer = { authorization: `Bearer ${token}` };
-  const request = (path: string, init: RequestInit = {}) => handleDashboard(new Request(`${base}${path}`, init), db.pool, { token, log: () => undefined });
-  const page = async (path: string) => {
-    const res = await request(path, { headers: bearer });
-    expect(res.status, path).toBe(200);
-    return res.text();
-  };
+  const request = dashboard;
   /** A browser's POST: the session cookie, the page's origin, and the form (with or without the CSRF value). */
   const browserPost = async (path: string, fields: Record<string, string>, csrf = true) =>
     request(path, {
@@ -308,7 +344,7 @@ describe('the dashboard', () => {
     expect(row('openai')).toContain('<td class="why">3 of 2 running for key openai</td>');
     expect(row('openai-tokens')).toMatch(/<span class="window">\d+ of 100<\/span>/);
     expect(row('prov')).toContain('after a 429: rate limited on key &quot;prov&quot;: retry after 600000 ms');
-    expect(row('prov')).toMatch(/<td class="waiting">3<\/td>/);
+    expect(row('prov')).toMatch(/<td class="waiting">2<\/td>/);
     expect(row('prov')).toContain('data-action="resume-key"');
     expect(row('openai')).toContain('data-action="pause-key"');
     expect(body).toMatch(/<tr data-queue="imports"><td>imports<\/td><td>deploying<\/td>/);
@@ -319,7 +355,7 @@ describe('the dashboard', () => {
 
     const overview = await page('/');
     expect(overview).toContain('<h2>Held back by flow control</h2>');
-    expect(overview).toMatch(/<tr data-key="prov"><td>key prov<\/td><td>3 tasks<\/td><td>key prov paused until \S+Z after a 429/);
+    expect(overview).toMatch(/<tr data-key="prov"><td>key prov<\/td><td>2 tasks<\/td><td>key prov paused until \S+Z after a 429/);
     expect(overview).toMatch(/<tr data-queue="imports"><td>queue imports<\/td><td>\d+ tasks pending<\/td><td>queue imports is paused: deploying/);
   });
 
@@ -407,6 +443,8 @@ describe('cheap reads', () => {
        SELECT 'ops.call', '{}', 1, 1000, '', g, '[{"k": "openai", "n": 2}]', 'openai' FROM generate_series(1, 5000) g`,
     );
     await db.pool.query(`ANALYZE outlive.tasks`);
+    const n = (await db.rows<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.tasks WHERE blocked_on = 'openai' AND state = 'pending'`))[0]!.n;
+    expect(n).toBeGreaterThan(5000);
     pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
       const [first, second] = args as [unknown, unknown];
       const text = typeof first === 'string' ? first : (first as { text?: string } | null)?.text;
@@ -416,7 +454,7 @@ describe('cheap reads', () => {
     } as typeof query;
     try {
       const s = await status(db.pool);
-      expect(s.waits.find((w) => w.key === 'openai')).toMatchObject({ waiting: 5004, waitingMore: false });
+      expect(s.waits.find((w) => w.key === 'openai')).toMatchObject({ waiting: n, waitingMore: false });
       await page('/limits');
       await explainRun(db.pool, (await db.rows<{ id: string }>(`SELECT id::text FROM outlive.runs ORDER BY id DESC LIMIT 1`))[0]!.id);
     } finally {
@@ -438,14 +476,3 @@ describe('cheap reads', () => {
     }
   });
 });
-
-// Defined last: the page helper of the dashboard's tests, used by the cheap reads too.
-function page(path: string): Promise<string> {
-  const token = 'flow-control-ops-dashboard-token';
-  return handleDashboard(new Request(`http://app.test/dashboard${path}`, { headers: { authorization: `Bearer ${token}` } }), db.pool, { token, log: () => undefined }).then(
-    async (res) => {
-      expect(res.status, path).toBe(200);
-      return res.text();
-    },
-  );
-}

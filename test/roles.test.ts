@@ -324,6 +324,23 @@ describe('roles of least privilege, each doing its part', () => {
       { state: 'running' },
       { state: 'cancelled' },
     ]);
+    // Flow control from the dashboard, as this role: its page, a key and a queue paused and resumed.
+    const form = (path: string, body: string) =>
+      handleDashboard(
+        new Request(`https://ops.example/dashboard${path}`, { method: 'POST', headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/x-www-form-urlencoded' }, body }),
+        asDashboard, { token: TOKEN },
+      );
+    expect((await form('/limits/pause', 'key=roles.ops&for=60000&reason=incident')).headers.get('location')).toMatch(/flash=key-paused$/);
+    expect((await form('/queues/pause', 'queue=roles.q&reason=deploy')).headers.get('location')).toMatch(/flash=queue-paused$/);
+    const limits = await get('/limits');
+    expect(limits.status).toBe(200);
+    expect(limits.body).toMatch(/<tr data-key="roles\.ops" data-paused="yes">/);
+    expect(limits.body).toMatch(/<tr data-queue="roles\.q"><td>roles\.q<\/td><td>deploy<\/td>/);
+    expect((await get('/')).body).toContain('<tr data-queue="roles.q">');
+    expect((await form('/limits/resume', 'key=roles.ops')).headers.get('location')).toMatch(/flash=key-resumed$/);
+    expect((await form('/queues/resume', 'queue=roles.q')).headers.get('location')).toMatch(/flash=queue-resumed$/);
+    expect((await root.query(`SELECT paused_until FROM outlive.limits WHERE key = 'roles.ops'`)).rows).toEqual([{ paused_until: null }]);
+    expect((await root.query(`SELECT queue FROM outlive.queue_pauses WHERE queue = 'roles.q'`)).rows).toEqual([]);
     // What the CLI's inspecting commands read, as this role.
     expect((await status(asDashboard)).tasks.pending).toBeGreaterThan(0);
     expect((await listTasks(asDashboard, { limit: 5 })).length).toBeGreaterThan(0);

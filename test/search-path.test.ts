@@ -295,13 +295,28 @@ describe('a role that can create objects on the search path', () => {
         expect((await get(`/tasks/${ids.doomed}/retry`, 'POST')).headers.get('location')).toMatch(/flash=task-retried/);
         expect((await get(`/runs/${runs.bad}/retry`, 'POST')).headers.get('location')).toMatch(/flash=run-retried/);
         expect((await get(`/runs/${runs.bad}/cancel`, 'POST')).headers.get('location')).toMatch(/flash=run-cancelled/);
+        // Flow control's page and forms: a key paused and resumed, a queue too.
+        const form = (path: string, body: string) =>
+          handleDashboard(
+            new Request(`http://app.test/dashboard${path}`, { method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/x-www-form-urlencoded' }, body }),
+            pool, { token, log: () => undefined },
+          );
+        expect((await form('/limits/pause', 'key=sp-key&for=60000&reason=sp')).headers.get('location')).toMatch(/flash=key-paused/);
+        expect((await form('/queues/pause', 'queue=sp-queue')).headers.get('location')).toMatch(/flash=queue-paused/);
+        for (const path of ['/', '/limits']) expect((await get(path)).status, path).toBe(200);
+        expect((await form('/limits/resume', 'key=sp-key')).headers.get('location')).toMatch(/flash=key-resumed/);
+        expect((await form('/queues/resume', 'queue=sp-queue')).headers.get('location')).toMatch(/flash=queue-resumed/);
       }],
       ['the CLI', async () => {
         const url = new URL(db.directUrl);
         url.searchParams.set('options', `-c search_path=${path}`);
         const out: string[] = [];
         const io = { out: (line: string) => void out.push(line), err: (line: string) => void out.push(line) };
-        for (const args of [['status'], ['runs'], ['tasks', '--state', 'failed'], ['run', runs.good!], ['task', ids.ok!]]) {
+        for (const args of [
+          ['status'], ['runs'], ['tasks', '--state', 'failed'], ['run', runs.good!], ['task', ids.ok!],
+          ['limit', 'set', 'sp-cli', '--concurrency', '2', '--rate', '10/1m'], ['limit', 'pause', 'sp-cli', '--for', '1m'], ['queue', 'pause', 'sp-cli-q'],
+          ['limits'], ['status'], ['limit', 'resume', 'sp-cli'], ['queue', 'resume', 'sp-cli-q'], ['weight', 'default', 'sp-cli', '2'],
+        ]) {
           expect(await main([...args, '--database-url', url.toString()], io), `${args.join(' ')}: ${out.join('\n')}`).toBe(0);
         }
       }],

@@ -7,7 +7,7 @@ import { nobodyRuns, readKnownTasks, type KnownTasks } from '../pass/known-tasks
 import { heldUntil } from '../pass/recover.js';
 import type { RowLimit } from '../model/limits.js';
 import type { RunState, TaskState } from '../model/states.js';
-import { keyWait, readKeyStates, type KeyState } from './queries.js';
+import { keyWait, readKeyStates, roomText, type KeyState } from './queries.js';
 
 /** One task of a run, explained. */
 export interface ExplainedTask {
@@ -122,7 +122,8 @@ function ready(t: WhyFacts, now: Date): boolean {
  * What holds back each ready task of a run that flow control governs: its
  * queue's pause, else the first of its keys (in the order the claim checks
  * them) that is paused, full or out of rate; a task last found waiting for
- * a key that has room again says so. Null for a task nothing holds.
+ * a key that has room now says when it is looked at again. Null for a task
+ * nothing holds.
  */
 async function heldBack(exec: ReturnType<typeof toExecutor>, rows: (WhyFacts & FlowFacts)[], now: Date): Promise<(string | null)[]> {
   // The key of each (key, what the task declares of it) the run's ready tasks hold, looked up once.
@@ -150,8 +151,10 @@ async function heldBack(exec: ReturnType<typeof toExecutor>, rows: (WhyFacts & F
       const wait = s ? keyWait(s) : null;
       if (wait) return `waiting: ${wait.text}`;
     }
-    if (r.blocked_on !== null) return `waiting for key ${r.blocked_on}, which has room again: the next pass takes it`;
-    return null;
+    // Last found waiting for a key that has room now: when it is looked at again.
+    const blocked = r.limits.find((l) => l.k === r.blocked_on);
+    const s = blocked ? states.get(id(blocked)) : undefined;
+    return s ? `waiting: ${roomText(s)}` : null;
   });
 }
 

@@ -335,6 +335,13 @@ export interface KeyState {
   nextStartAt: Date | null;
   /** The key's pause, if it is paused now. `until` null: until resumed. */
   pause: KeyPause | null;
+  /**
+   * When the claim looks at its waiting tasks again: `due` (the next claim),
+   * `scheduled` (at `wakeAt`: a pause's end, a start leaving the window),
+   * `on-release` (when one of its running tasks gives a slot back), `none`.
+   */
+  wake: 'due' | 'scheduled' | 'on-release' | 'none';
+  wakeAt: Date | null;
   /** Tasks waiting for the key, counted up to {@link WAITING_CAP}. */
   waiting: number;
   /** True when more than `waiting` tasks wait (the count stopped at the cap). */
@@ -386,7 +393,7 @@ WITH clock AS (
   FROM pg_catalog.jsonb_array_elements($1::jsonb) WITH ORDINALITY AS u(e, nth)
 ), base AS (
   SELECT a.key, a.nth, l.key IS NOT NULL AS known, coalesce(l.running, 0) AS running,
-         l.concurrency, l.seen_concurrency, l.rate_limit, l.rate_period_ms, l.starts, l.paused_until, l.paused_reason,
+         l.concurrency, l.seen_concurrency, l.rate_limit, l.rate_period_ms, l.starts, l.paused_until, l.paused_reason, l.wake_at,
          (SELECT pg_catalog.count(*)::int FROM (
             SELECT 1 FROM outlive.tasks t
             WHERE t.state OPERATOR(pg_catalog.=) 'pending' AND t.blocked_on OPERATOR(pg_catalog.=) a.key
@@ -413,6 +420,9 @@ SELECT r.key, r.known, r.running, r.concurrency, coalesce((r.declared OPERATOR(p
        r.rate_limit, r.lim, r.per, r.cost, r.waiting,
        (r.paused_until OPERATOR(pg_catalog.>) c.now_at) IS TRUE AS paused,
        CASE WHEN pg_catalog.isfinite(r.paused_until) THEN r.paused_until END AS paused_until, r.paused_reason,
+       CASE WHEN r.wake_at IS NULL THEN 'none' WHEN r.wake_at OPERATOR(pg_catalog.<=) c.now_at THEN 'due'
+            WHEN pg_catalog.isfinite(r.wake_at) THEN 'scheduled' ELSE 'on-release' END AS wake,
+       CASE WHEN pg_catalog.isfinite(r.wake_at) THEN r.wake_at END AS wake_at,
        CASE WHEN r.lim IS NOT NULL THEN w.used END AS used,
        CASE WHEN r.lim IS NOT NULL AND (w.used OPERATOR(pg_catalog.+) r.cost) OPERATOR(pg_catalog.>) r.lim THEN (
          SELECT z.at OPERATOR(pg_catalog.+) r.per FROM (
@@ -434,6 +444,7 @@ interface KeyStateRow {
   key: string; known: boolean; running: number; concurrency: number | null; declared_concurrency: number | null;
   rate_limit: number | null; lim: number | null; per: number | null; cost: number; waiting: number;
   paused: boolean; paused_until: Date | null; paused_reason: string | null; used: number | null; next_ms: number | null;
+  wake: KeyState['wake']; wake_at: Date | null;
 }
 
 function toKeyState(r: KeyStateRow, cap: number): KeyState {
@@ -453,6 +464,8 @@ function toKeyState(r: KeyStateRow, cap: number): KeyState {
     nextCost: r.cost,
     nextStartAt: r.next_ms === null ? null : new Date(Math.ceil(r.next_ms)),
     pause: r.paused ? { until: r.paused_until, reason, by } : null,
+    wake: r.wake,
+    wakeAt: r.wake_at,
     waiting: Math.min(r.waiting, cap - 1),
     waitingMore: r.waiting >= cap,
   };
@@ -590,4 +603,21 @@ export function keyWait(s: KeyState): KeyWait | null {
     };
   }
   return null;
+}
+
+/**
+ * In words, when tasks that wait for a key with room are looked at again
+ * (for a key {@link keyWait} finds nothing holding back).
+ */
+export function roomText(s: KeyState): string {
+  switch (s.wake) {
+    case 'due':
+      return `key ${s.key} has room again: the next pass takes its waiting tasks`;
+    case 'scheduled':
+      return `key ${s.key} has room: its waiting tasks are looked at again at ${s.wakeAt!.toISOString()}`;
+    case 'on-release':
+      return `key ${s.key} has room (${s.running} running), but its waiting tasks are looked at again only when one of its running tasks gives its slot back`;
+    default:
+      return `key ${s.key} has room, but nothing wakes its waiting tasks`;
+  }
 }

@@ -30,7 +30,7 @@ import { migrate, MIGRATIONS_FOLDER } from './migrate.js';
 import { grants } from './grants.js';
 import { retryRun, retryTask, type RetryReport } from '../admin/retry.js';
 import {
-  formatPeriod, getTask, keyStates, keyWait, listKeys, listRuns, listTasks, pausedQueues, pauseText, runEdges, status,
+  formatPeriod, getTask, keyStates, keyWait, listKeys, listRuns, listTasks, pausedQueues, pauseText, roomText, runEdges, status,
   type KeyState, type StatusReport,
 } from '../admin/queries.js';
 import { FlowControlError, pauseKey, pauseQueue, resumeKey, resumeQueue, setLimit, setWeight, type LimitOverride } from '../admin/flow.js';
@@ -397,7 +397,7 @@ function registerMigrate(program: Command, io: CliIo): void {
 
 function registerStatus(program: Command, io: CliIo): void {
   withDbOptions(program.command('status'))
-    .description('Counts by state and queue, the oldest ready task, failures in the last hour.')
+    .description('Counts by state and queue, the oldest ready task, failures in the last hour, and what flow control holds back (keys tasks wait for, paused keys and queues).')
     .action(async (opts: DbOptions) => {
       await withDb(opts, async (pool) => {
         const s = await status(pool);
@@ -702,7 +702,7 @@ function waitLine(w: StatusReport['waits'][number]): string {
   const n = tasksWait(w.waiting, w.waitingMore);
   const s = w.state;
   if (w.waiting === 0) return `${w.wait?.text ?? `key ${w.key} has room`}: no task waits for it yet`;
-  if (!w.wait) return `${n} for key ${w.key}, which has room again: the next pass takes them`;
+  if (!w.wait) return `${n}: ${roomText(s)}`;
   if (w.wait.kind === 'concurrency') return `${n} for key ${w.key}: ${s.running} of ${s.concurrency} running`;
   if (w.wait.kind === 'rate') return `${n} for ${w.wait.text}`;
   return `${n}: ${w.wait.text}`;
@@ -871,7 +871,8 @@ function registerLimit(program: Command, io: CliIo): void {
         await flowCall(() => pauseKey(pool, key, { until, reason: opts.reason }));
         const [s] = await keyStates(pool, [key]);
         if (opts.json) return printJson(io, s);
-        io.out(s!.pause ? pauseText(key, s!.pause) : `key ${key} paused`);
+        // Paused here, so by hand, whatever its reason says.
+        io.out(s!.pause ? pauseText(key, { ...s!.pause, by: 'hand' }) : `key ${key} paused`);
       });
     });
   withDbOptions(limit.command('resume'))

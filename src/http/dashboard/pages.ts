@@ -7,7 +7,7 @@
  * {@link html}, which escapes it.
  */
 import type { ExplainedRun } from '../../admin/explain.js';
-import { formatPeriod, keyWait, pauseText } from '../../admin/queries.js';
+import { formatPeriod, keyWait, roomText } from '../../admin/queries.js';
 import type { KeyState, QueuePause, StatusReport, RunSummary, TaskSummary, TaskDetail, ScheduleSummary } from '../../admin/queries.js';
 import { RUN_STATES, TASK_STATES } from '../../model/states.js';
 import { html, raw, type Html } from './html.js';
@@ -142,7 +142,7 @@ function flowControl(ctx: PageContext, s: StatusReport): Html {
   if (s.waits.length === 0 && s.pausedQueues.length === 0) return html``;
   return html`<h2>Held back by flow control</h2>
 <table id="held-back"><thead><tr><th>what</th><th>waiting</th><th>why</th></tr></thead><tbody>
-${s.waits.map((w) => html`<tr data-key="${w.key}"><td>key ${w.key}</td><td>${w.waiting || w.waitingMore ? tasks(w.waiting, w.waitingMore) : '-'}</td><td>${w.wait?.text ?? `key ${w.key} has room again: the next pass takes its tasks`}</td></tr>`)}
+${s.waits.map((w) => html`<tr data-key="${w.key}"><td>key ${w.key}</td><td>${w.waiting || w.waitingMore ? tasks(w.waiting, w.waitingMore) : '-'}</td><td>${w.wait?.text ?? roomText(w.state)}</td></tr>`)}
 ${s.pausedQueues.map((q) => html`<tr data-queue="${q.queue}"><td>queue ${q.queue}</td><td>${tasks(s.queues.find((x) => x.queue === q.queue)?.counts.pending ?? 0, false)} pending</td><td>queue ${q.queue} is paused${q.reason ? `: ${q.reason}` : ''} (since ${ago(q.pausedAt, ctx.now)})</td></tr>`)}
 </tbody></table>
 <p class="muted"><a href="${ctx.basePath}/limits">Limits, pauses and queues</a></p>`;
@@ -234,6 +234,15 @@ function windowUse(k: KeyState, now: Date): Html {
   return html`<span class="bar" title="${pct}%"><span style="width:${pct}%"></span></span> <span class="window">${used} of ${k.rate.limit}</span>${k.nextStartAt && keyWait({ ...k, pause: null, concurrency: null }) ? html` <span class="muted next-start">next start ${when(k.nextStartAt, now)}</span>` : ''}`;
 }
 
+/** A key's pause: who paused it (as far as the row tells), until when, why. */
+function pauseCell(k: KeyState, now: Date): Html {
+  if (!k.pause) return html`-`;
+  const by = k.pause.by === 'rate-limited' ? 'after a 429 ' : k.pause.by === 'hand' ? 'by hand ' : '';
+  const reason = k.pause.reason && k.pause.reason !== 'paused by hand' ? `: ${k.pause.reason}` : '';
+  const until = k.pause.until;
+  return html`paused ${by}${until ? html`until <time datetime="${until.toISOString()}">${until.toISOString().slice(0, 19).replace('T', ' ')} UTC</time> (${ago(until, now)})` : 'until resumed'}${reason}`;
+}
+
 /** The limits: each key with its slots, its rate's window and its pause; the paused queues; buttons to pause and resume. */
 export function limitsPage(ctx: PageContext, data: { keys: KeyState[]; total: number; queues: QueuePause[] }): string {
   const body = html`<h1>Limits</h1>
@@ -245,12 +254,12 @@ ${data.keys.length === 0
 ${data.keys.map((k) => {
   const wait = keyWait(k);
   return html`<tr data-key="${k.key}" data-paused="${k.pause ? 'yes' : 'no'}"><td>${k.key}</td>
-<td class="running">${k.running} of ${k.concurrency ?? '∞'}${k.concurrencySet ? html` <span class="muted">(set)</span>` : ''}</td>
+<td class="running">${k.concurrency === null ? html`${k.running} <span class="muted">(no limit)</span>` : html`${k.running} of ${k.concurrency}${k.concurrencySet ? html` <span class="muted">(set)</span>` : ''}`}</td>
 <td>${k.rate ? html`${k.rate.limit} per ${formatPeriod(k.rate.periodMs)}${k.rateSet ? html` <span class="muted">(set)</span>` : ''}` : '-'}</td>
 <td>${windowUse(k, ctx.now)}</td>
-<td class="paused">${k.pause ? pauseText(k.key, k.pause).slice(`key ${k.key} `.length) : '-'}</td>
+<td class="paused">${pauseCell(k, ctx.now)}</td>
 <td class="waiting">${k.waitingMore ? `${k.waiting}+` : k.waiting}</td>
-<td class="why">${wait ? wait.text : k.waiting > 0 ? 'has room again: the next pass takes its tasks' : ''}</td>
+<td class="why">${k.waiting === 0 ? '' : wait ? wait.text : roomText(k)}</td>
 <td>${keyActions(ctx, k)}</td></tr>`;
 })}
 </tbody></table>
