@@ -187,6 +187,8 @@ export const limits = outlive.table(
     /** No task of the key starts before this (a 429's Retry-After, pauseKey). */
     pausedUntil: timestamp('paused_until', { withTimezone: true }),
     pausedReason: text('paused_reason'),
+    /** Who paused it: 'hand' (pauseKey) or '429' (a task's RateLimitedError). */
+    pausedBy: text('paused_by'),
     /** When tasks waiting for the key are looked at again; 'infinity': when a slot frees; null: none wait. */
     wakeAt: timestamp('wake_at', { withTimezone: true }),
     /** The concurrency the last claim applied, for how many waiting tasks a freed slot wakes. */
@@ -196,6 +198,7 @@ export const limits = outlive.table(
   (t) => [
     index('limits_wake_idx').on(t.wakeAt).where(sql`${t.wakeAt} IS NOT NULL`),
     check('limits_running_check', sql`${t.running} >= 0`),
+    check('limits_paused_by_check', sql`${t.pausedBy} IN ('hand', '429')`),
     check('limits_values_check', sql`${t.concurrency} > 0 AND ${t.rateLimit} > 0 AND ${t.ratePeriodMs} > 0 AND (${t.rateLimit} IS NULL) = (${t.ratePeriodMs} IS NULL)`),
   ],
 );

@@ -170,6 +170,25 @@ describe('per-key concurrency', () => {
     expect((await keyRow(db, 'g'))!.running).toBe(0);
   });
 
+  it('a freed slot reaches a waiting task even when the task woken first cannot start (its queue is paused)', async () => {
+    const db = await freshDb();
+    const mk = (queue: string) => defineTask({ name: `k1-${queue}`, queue, input: z.object({ n: z.number() }), limits: [{ key: 'k1', concurrency: 1 }], run: () => undefined });
+    const inDefault = mk('default');
+    const inPaused = mk('q1');
+    const names = ['k1-default', 'k1-q1'];
+    const { settle } = await import('../src/pass/settle.js');
+    await enqueue(db.pool, inDefault, { n: 0 });
+    const [x] = await claim(toExecutor(db.pool), { ...request(names, null), owner: 'first' });
+    await enqueue(db.pool, inPaused, { n: 1 });
+    const b = await enqueue(db.pool, inDefault, { n: 2 });
+    expect(await claim(toExecutor(db.pool), request(names, null))).toEqual([]);
+    await pauseQueue(db.pool, 'q1');
+    await settle(db.pool, 'first', [{ id: x!.id, runId: null, attempt: 1, governed: true, state: 'succeeded', output: null }], null);
+    const next: string[] = [];
+    for (let i = 0; i < 3 && next.length === 0; i++) next.push(...(await claim(toExecutor(db.pool), request(names, null))).map((t) => t.id));
+    expect(next).toEqual([b.id]);
+  });
+
   it('takes a limit changed at run time at the next claim', async () => {
     const db = await freshDb();
     const task = defineTask({ name: 'tunable', input: z.object({ n: z.number() }), limits: [{ key: 't', concurrency: 5 }], run: () => undefined });
@@ -251,10 +270,22 @@ describe('rate limits', () => {
     expect((await keyRow(db, 'openai'))!.running).toBe(0);
   });
 
-  it('pauseKey and resumeKey, by hand', async () => {
+  it('pauseKey and resumeKey, by hand; a pause by hand never shortens a 429’s', async () => {
     const db = await freshDb();
     const task = defineTask({ name: 'pausable', input: z.object({}), limits: [{ key: 'p', concurrency: 1 }], run: () => undefined });
+    const { settle } = await import('../src/pass/settle.js');
+    await enqueue(db.pool, task, {});
+    const [t] = await claim(toExecutor(db.pool), { ...request(['pausable'], null), owner: 'o' });
+    const pause = { key: 'p', ms: 600_000, reason: 'rate limited on key "p": retry after 600000 ms' };
+    await settle(db.pool, 'o', [{ id: t!.id, runId: null, attempt: 1, governed: true, flow: JSON.stringify({ pause }), state: 'released' }], null);
+    await pauseKey(db.pool, 'p', { until: new Date(Date.now() + 60_000), reason: 'short' });
+    const [status] = await limitStatus(db.pool, ['p']);
+    expect(status).toMatchObject({ pausedBy: '429', pausedReason: pause.reason, waiting: 0 });
+    expect(status!.pausedUntil!.getTime()).toBeGreaterThan(Date.now() + 500_000);
+    expect(await resumeKey(db.pool, 'p')).toBe(true);
+    expect((await tick(db.pool, { tasks: [task] })).claimed).toBe(1);
     await pauseKey(db.pool, 'p', { reason: 'provider incident' });
+    expect((await limitStatus(db.pool, ['p']))[0]).toMatchObject({ pausedBy: 'hand', pausedReason: 'provider incident', pausedUntil: new Date(8.64e15) });
     await enqueue(db.pool, task, {});
     expect((await tick(db.pool, { tasks: [task] })).claimed).toBe(0);
     expect(await resumeKey(db.pool, 'p')).toBe(true);

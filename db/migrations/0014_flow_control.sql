@@ -16,10 +16,12 @@ CREATE TABLE "outlive"."limits" (
 	"starts" jsonb DEFAULT '[]'::jsonb NOT NULL,
 	"paused_until" timestamp with time zone,
 	"paused_reason" text,
+	"paused_by" text,
 	"wake_at" timestamp with time zone,
 	"seen_concurrency" integer,
 	"updated_at" timestamp with time zone DEFAULT now() NOT NULL,
 	CONSTRAINT "limits_running_check" CHECK ("outlive"."limits"."running" >= 0),
+	CONSTRAINT "limits_paused_by_check" CHECK ("outlive"."limits"."paused_by" IN ('hand', '429')),
 	CONSTRAINT "limits_values_check" CHECK ("outlive"."limits"."concurrency" > 0 AND "outlive"."limits"."rate_limit" > 0 AND "outlive"."limits"."rate_period_ms" > 0 AND ("outlive"."limits"."rate_limit" IS NULL) = ("outlive"."limits"."rate_period_ms" IS NULL))
 );
 --> statement-breakpoint
@@ -197,15 +199,18 @@ BEGIN
   GET DIAGNOSTICS released = ROW_COUNT;
   -- A provider's 429: no task of the key starts before its Retry-After.
   IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(items) i WHERE jsonb_typeof(i->3->'pause') = 'object') THEN RETURN released; END IF;
-  INSERT INTO outlive.limits AS l (key, paused_until, paused_reason, updated_at)
-  SELECT p->>'key', max(t_now + ((p->>'ms')::float8 * interval '1 millisecond')), max(p->>'reason'), t_now
+  INSERT INTO outlive.limits AS l (key, paused_until, paused_reason, paused_by, updated_at)
+  SELECT p->>'key', max(t_now + ((p->>'ms')::float8 * interval '1 millisecond')),
+         (array_agg(p->>'reason' ORDER BY (p->>'ms')::float8 DESC))[1], '429', t_now
   FROM (SELECT i->3->'pause' AS p FROM jsonb_array_elements(items) i) x
   WHERE p IS NOT NULL AND jsonb_typeof(p) = 'object'
   GROUP BY p->>'key'
   ORDER BY 1
   ON CONFLICT (key) DO UPDATE
+  -- The later of the two ends, with its reason and who made it: a 429 never shortens a pause.
   SET paused_until = greatest(coalesce(l.paused_until, '-infinity'), excluded.paused_until),
       paused_reason = CASE WHEN l.paused_until IS NULL OR excluded.paused_until > l.paused_until THEN excluded.paused_reason ELSE l.paused_reason END,
+      paused_by = CASE WHEN l.paused_until IS NULL OR excluded.paused_until > l.paused_until THEN '429' ELSE l.paused_by END,
       updated_at = t_now;
   RETURN released;
 END;
@@ -255,6 +260,8 @@ DECLARE
   used double precision;
   block_key text;
   block_until timestamptz;
+  woken text[] := '{}';
+  reblocked text[] := '{}';
 BEGIN
   -- 1. Place ready rows not yet in turn: due at a later time, retried, or
   --    steps whose dependencies succeeded.
@@ -288,6 +295,7 @@ BEGIN
     SET wake_at = CASE WHEN EXISTS (SELECT 1 FROM outlive.tasks b WHERE b.blocked_on = w.lkey AND b.state = 'pending')
                        THEN 'infinity'::timestamptz END
     WHERE l.key = w.lkey;
+    woken := woken || w.lkey;
   END LOOP;
 
   -- 3. The rows of keys not seen before get their key rows, in key order,
@@ -354,6 +362,7 @@ BEGIN
       END IF;
     END LOOP;
     IF block_key IS NOT NULL THEN
+      reblocked := reblocked || block_key;
       UPDATE outlive.tasks t SET blocked_on = block_key WHERE t.id = c.tid;
       UPDATE outlive.limits l SET wake_at = least(coalesce(l.wake_at, 'infinity'::timestamptz), block_until) WHERE l.key = block_key;
       CONTINUE;
@@ -370,6 +379,19 @@ BEGIN
     WHERE l.key = x->>'k';
     picked := picked || c.tid;
   END LOOP;
+
+  -- 5. A key woken here that still has room, whose woken rows this claim
+  --    could not start (a paused queue, names or a timeout this pass does
+  --    not take) and found none to wait again: its other waiting rows must
+  --    not wait for a slot that no running task will give back. Look again
+  --    at the next claim.
+  IF cardinality(woken) > 0 THEN
+    UPDATE outlive.limits l SET wake_at = t_now
+    WHERE l.key = ANY (woken) AND NOT (l.key = ANY (reblocked)) AND l.wake_at = 'infinity'
+      AND (coalesce(l.concurrency, l.seen_concurrency) IS NULL OR l.running < coalesce(l.concurrency, l.seen_concurrency))
+      AND (l.paused_until IS NULL OR l.paused_until <= t_now)
+      AND EXISTS (SELECT 1 FROM outlive.tasks b WHERE b.blocked_on = l.key AND b.state = 'pending');
+  END IF;
 
   RETURN QUERY
   UPDATE outlive.tasks t

@@ -23,9 +23,12 @@ export interface LimitStatus {
   running: number;
   concurrency: number | null;
   rate: { limit: number; periodMs: number } | null;
+  /** Till when no task of the key starts; a pause until resumed reads as the largest Date. */
   pausedUntil: Date | null;
   pausedReason: string | null;
-  /** Tasks waiting for this key. */
+  /** Who paused it: by hand (pauseKey, the CLI, the dashboard) or a task's RateLimitedError. */
+  pausedBy: 'hand' | '429' | null;
+  /** Tasks waiting for this key, counted up to 10,000. */
   waiting: number;
 }
 
@@ -88,15 +91,20 @@ export async function setLimit(db: Transactional | Database, key: string, overri
   ]);
 }
 
+// A pause by hand never shortens one in force (a 429's, or an earlier one
+// by hand): resumeKey ends a pause.
 const PAUSE_KEY_SQL = `
-INSERT INTO outlive.limits AS l (key, paused_until, paused_reason, updated_at)
-VALUES ($1, $2::timestamptz, $3, coalesce($4::timestamptz, pg_catalog.now()))
+INSERT INTO outlive.limits AS l (key, paused_until, paused_reason, paused_by, updated_at)
+VALUES ($1, $2::timestamptz, $3, 'hand', coalesce($4::timestamptz, pg_catalog.now()))
 ON CONFLICT (key) DO UPDATE
-SET paused_until = excluded.paused_until, paused_reason = excluded.paused_reason, updated_at = excluded.updated_at`;
+SET paused_until = greatest(excluded.paused_until, CASE WHEN l.paused_until OPERATOR(pg_catalog.>) excluded.updated_at THEN l.paused_until END),
+    paused_reason = CASE WHEN l.paused_until OPERATOR(pg_catalog.>) excluded.paused_until THEN l.paused_reason ELSE excluded.paused_reason END,
+    paused_by = CASE WHEN l.paused_until OPERATOR(pg_catalog.>) excluded.paused_until THEN l.paused_by ELSE 'hand' END,
+    updated_at = excluded.updated_at`;
 
 const RESUME_KEY_SQL = `
 UPDATE outlive.limits l
-SET paused_until = NULL, paused_reason = NULL,
+SET paused_until = NULL, paused_reason = NULL, paused_by = NULL,
     wake_at = CASE WHEN l.wake_at IS NULL THEN NULL ELSE coalesce($2::timestamptz, pg_catalog.now()) END,
     updated_at = coalesce($2::timestamptz, pg_catalog.now())
 WHERE l.key OPERATOR(pg_catalog.=) $1
@@ -170,9 +178,9 @@ export async function setWeight(db: Transactional | Database, queue: string, key
 }
 
 const LIMITS_SQL = `
-SELECT l.key, l.running, l.concurrency, l.rate_limit, l.rate_period_ms, l.paused_until, l.paused_reason,
-       (SELECT pg_catalog.count(*)::int FROM outlive.tasks t
-        WHERE t.blocked_on OPERATOR(pg_catalog.=) l.key AND t.state OPERATOR(pg_catalog.=) 'pending') AS waiting
+SELECT l.key, l.running, l.concurrency, l.rate_limit, l.rate_period_ms, l.paused_until, l.paused_reason, l.paused_by,
+       (SELECT pg_catalog.count(*)::int FROM (SELECT 1 FROM outlive.tasks t
+        WHERE t.blocked_on OPERATOR(pg_catalog.=) l.key AND t.state OPERATOR(pg_catalog.=) 'pending' LIMIT 10000) w) AS waiting
 FROM outlive.limits l
 WHERE $1::text[] IS NULL OR l.key OPERATOR(pg_catalog.=) ANY ($1::text[])
 ORDER BY l.key
@@ -182,15 +190,17 @@ LIMIT 1000`;
 export async function limitStatus(db: Transactional | Database, keys: readonly string[] | null = null): Promise<LimitStatus[]> {
   const rows = await executorOf(db).query<{
     key: string; running: number; concurrency: number | null; rate_limit: number | null; rate_period_ms: number | null;
-    paused_until: Date | null; paused_reason: string | null; waiting: number;
+    paused_until: Date | number | null; paused_reason: string | null; paused_by: 'hand' | '429' | null; waiting: number;
   }>(LIMITS_SQL, [keys]);
   return rows.map((r) => ({
     key: r.key,
     running: r.running,
     concurrency: r.concurrency,
     rate: r.rate_limit === null ? null : { limit: r.rate_limit, periodMs: r.rate_period_ms! },
-    pausedUntil: r.paused_until,
+    // node-postgres reads 'infinity' as the number Infinity.
+    pausedUntil: r.paused_until === null ? null : r.paused_until instanceof Date ? r.paused_until : new Date(8.64e15),
     pausedReason: r.paused_reason,
+    pausedBy: r.paused_by,
     waiting: r.waiting,
   }));
 }

@@ -354,9 +354,8 @@ export interface KeyPause {
   reason: string | null;
   /**
    * `rate-limited`: a task's RateLimitedError (a provider's 429) paused it;
-   * `hand`: pauseKey (the API, the CLI, the dashboard); null: the row does
-   * not say (a hand pause with an end and a reason of its own, or a
-   * RateLimitedError with a message of its own).
+   * `hand`: pauseKey (the API, the CLI, the dashboard); from the key's
+   * `paused_by`.
    */
   by: 'rate-limited' | 'hand' | null;
 }
@@ -377,8 +376,6 @@ export interface QueuePause {
 
 /** The reason pauseKey writes when given none. */
 const HAND_REASON = 'paused by hand';
-/** How a RateLimitedError's own message begins (src/model/errors.ts), which a 429's pause keeps as its reason. */
-const RATE_LIMITED_REASON = /^rate limited on key "/;
 
 // One row per key asked for ($1: [{"key", "declared"}], in order), on the
 // clock $2 (null: the database's). What a key's tasks declare comes from the
@@ -393,7 +390,7 @@ WITH clock AS (
   FROM pg_catalog.jsonb_array_elements($1::jsonb) WITH ORDINALITY AS u(e, nth)
 ), base AS (
   SELECT a.key, a.nth, l.key IS NOT NULL AS known, coalesce(l.running, 0) AS running,
-         l.concurrency, l.seen_concurrency, l.rate_limit, l.rate_period_ms, l.starts, l.paused_until, l.paused_reason, l.wake_at,
+         l.concurrency, l.seen_concurrency, l.rate_limit, l.rate_period_ms, l.starts, l.paused_until, l.paused_reason, l.paused_by, l.wake_at,
          (SELECT pg_catalog.count(*)::int FROM (
             SELECT 1 FROM outlive.tasks t
             WHERE t.state OPERATOR(pg_catalog.=) 'pending' AND t.blocked_on OPERATOR(pg_catalog.=) a.key
@@ -419,7 +416,7 @@ WITH clock AS (
 SELECT r.key, r.known, r.running, r.concurrency, coalesce((r.declared OPERATOR(pg_catalog.->>) 'n')::int, r.seen_concurrency) AS declared_concurrency,
        r.rate_limit, r.lim, r.per, r.cost, r.waiting,
        (r.paused_until OPERATOR(pg_catalog.>) c.now_at) IS TRUE AS paused,
-       CASE WHEN pg_catalog.isfinite(r.paused_until) THEN r.paused_until END AS paused_until, r.paused_reason,
+       CASE WHEN pg_catalog.isfinite(r.paused_until) THEN r.paused_until END AS paused_until, r.paused_reason, r.paused_by,
        CASE WHEN r.wake_at IS NULL THEN 'none' WHEN r.wake_at OPERATOR(pg_catalog.<=) c.now_at THEN 'due'
             WHEN pg_catalog.isfinite(r.wake_at) THEN 'scheduled' ELSE 'on-release' END AS wake,
        CASE WHEN pg_catalog.isfinite(r.wake_at) THEN r.wake_at END AS wake_at,
@@ -443,15 +440,13 @@ ORDER BY r.nth`;
 interface KeyStateRow {
   key: string; known: boolean; running: number; concurrency: number | null; declared_concurrency: number | null;
   rate_limit: number | null; lim: number | null; per: number | null; cost: number; waiting: number;
-  paused: boolean; paused_until: Date | null; paused_reason: string | null; used: number | null; next_ms: number | null;
+  paused: boolean; paused_until: Date | null; paused_reason: string | null; paused_by: 'hand' | '429' | null; used: number | null; next_ms: number | null;
   wake: KeyState['wake']; wake_at: Date | null;
 }
 
 function toKeyState(r: KeyStateRow, cap: number): KeyState {
   const reason = r.paused_reason;
-  const by = !r.paused ? null
-    : r.paused_until === null || reason === HAND_REASON ? 'hand'
-      : reason !== null && RATE_LIMITED_REASON.test(reason) ? 'rate-limited' : null;
+  const by = !r.paused ? null : r.paused_by === '429' ? 'rate-limited' : r.paused_by === 'hand' ? 'hand' : null;
   return {
     key: r.key,
     known: r.known,
