@@ -189,6 +189,46 @@ describe('per-key concurrency', () => {
     expect(next).toEqual([b.id]);
   });
 
+  it('a pass that hands back tasks it claimed but did not start gives their slots back', async () => {
+    const db = await freshDb();
+    const slow = defineTask({
+      name: 'held',
+      input: z.object({ n: z.number() }),
+      limits: [{ key: 'h', concurrency: 50 }],
+      run: () => new Promise((r) => setTimeout(r, 40)),
+    });
+    await enqueueMany(db.pool, slow, Array.from({ length: 30 }, (_, n) => ({ n })));
+    const stop = new AbortController();
+    setTimeout(() => stop.abort(), 20);
+    // One runs at a time; the others wait in the pass's buffer and are handed back when it stops.
+    const report = await tick(db.pool, { tasks: [slow], concurrency: 1, signal: stop.signal });
+    expect(report.released).toBeGreaterThan(0);
+    const [row] = await db.rows<{ running: number; actual: number }>(
+      `SELECT l.running, (SELECT count(*)::int FROM outlive.tasks WHERE state = 'running') AS actual FROM outlive.limits l WHERE l.key = 'h'`,
+    );
+    expect(row).toEqual({ running: 0, actual: 0 });
+  });
+
+  it('a worker starts the next task of a full key when a slot is given back, not at its next poll', async () => {
+    const db = await freshDb();
+    const { createWorker } = await import('../src/node/index.js');
+    const one = defineTask({ name: 'one-at-a-time', input: z.object({ n: z.number() }), limits: [{ key: 'one', concurrency: 1 }], run: () => new Promise((r) => setTimeout(r, 10)) });
+    await enqueueMany(db.pool, one, Array.from({ length: 10 }, (_, n) => ({ n })));
+    const quiet = { info: () => undefined, warn: () => undefined, error: () => undefined };
+    const worker = createWorker({ connectionString: db.url, tasks: [one], pollIntervalMs: 600_000, logger: quiet });
+    await worker.start();
+    try {
+      for (let i = 0; i < 100; i++) {
+        const [{ n }] = (await db.rows<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.tasks WHERE state = 'succeeded'`)) as [{ n: number }];
+        if (n === 10) break;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    } finally {
+      await worker.stop();
+    }
+    expect(await db.rows(`SELECT state::text FROM outlive.tasks WHERE state <> 'succeeded'`)).toEqual([]);
+  });
+
   it('takes a limit changed at run time at the next claim', async () => {
     const db = await freshDb();
     const task = defineTask({ name: 'tunable', input: z.object({ n: z.number() }), limits: [{ key: 't', concurrency: 5 }], run: () => undefined });
@@ -232,8 +272,15 @@ describe('rate limits', () => {
     await enqueue(db.pool, task, { est: 60, used: 10 });
     await enqueue(db.pool, task, { est: 50, used: 50 });
     // 60 + 50 > 100: one starts.
-    expect((await tick(db.pool, { tasks: [task], now: at(0) })).claimed).toBe(1);
-    // It used 10: the window holds 10, so the other fits now.
+    const [first, ...others] = await claim(toExecutor(db.pool), { ...request(['tokens'], at(0)), owner: 'p1' });
+    expect(others).toEqual([]);
+    expect((await keyRow(db, 'tok'))!.starts.map((s) => s[1])).toEqual([60]);
+    // It used 10 (its handler's reportCost): the window holds 10, so the other fits now.
+    const { execute } = await import('../src/pass/execute.js');
+    const { settle } = await import('../src/pass/settle.js');
+    const outcome = await execute(task, first!);
+    expect(outcome).toMatchObject({ state: 'succeeded', governed: true, flow: JSON.stringify({ costs: { tok: 10 } }) });
+    await settle(db.pool, 'p1', [outcome], at(1));
     expect((await keyRow(db, 'tok'))!.starts.map((s) => s[1])).toEqual([10]);
     expect((await tick(db.pool, { tasks: [task], now: at(1_000) })).claimed).toBe(1);
     expect((await keyRow(db, 'tok'))!.starts.map((s) => s[1])).toEqual([10, 50]);

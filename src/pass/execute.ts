@@ -81,7 +81,16 @@ export function entry(err: Error, attempt: number): ErrorEntry {
   return e;
 }
 
-/** What every outcome of a claimed task starts from. */
+/**
+ * The outcome of a task a pass hands back unstarted (its budget ran out, it
+ * was told to stop): pending again at once, the attempt not counted, and its
+ * slots and rate starts given back.
+ */
+export function handedBack(claimed: ClaimedTask): Outcome {
+  return { ...baseOf(claimed, { costs: { '*': 0 } }), state: 'released' };
+}
+
+/** What every outcome of a claimed task starts from: the one place that says whether its settle gives back slots. */
 function baseOf(claimed: ClaimedTask, flow: FlowReport | null = null): { id: string; runId: string | null; attempt: number; governed?: true; flow?: string | null } {
   const base = { id: claimed.id, runId: claimed.run_id, attempt: claimed.attempts };
   const json = flow && (flow.costs || flow.pause) ? JSON.stringify(flow) : null;
@@ -199,7 +208,7 @@ export async function execute(
     return { ...base, state: 'succeeded', output };
   } catch (thrown) {
     // Handed back unstarted: its rate starts are given back too (cost 0).
-    if (abort.reason instanceof HandBackError) return { ...baseOf(claimed, { costs: { '*': 0 } }), state: 'released' };
+    if (abort.reason instanceof HandBackError) return handedBack(claimed);
     return failure(task, claimed, thrown, ctx.flow);
   } finally {
     if (timer !== undefined) clearTimeout(timer);

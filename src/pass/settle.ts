@@ -36,6 +36,12 @@ export interface SettledRow extends RunRow {
 // pass. This way the rows are joined by id alone, as before, and filtered.
 // (It was IS NOT DISTINCT FROM, whose `=` cannot be named with its schema;
 // see "Names in SQL" in ARCHITECTURE.md.)
+// The statements for tasks without flow control match no governed row: a
+// governed row holds slots that only the governed statement gives back, so
+// an outcome that reached the plain statement by mistake leaves its row
+// running, for recovery to settle and give back, rather than leaking a slot.
+const PLAIN_ROWS_ONLY = '\n  AND t.fair_key IS NULL';
+
 export const SETTLE_SQL = settleSql(false);
 
 /**
@@ -66,7 +72,7 @@ FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::text[]), 
                 pg_catalog.unnest($6::float8[]), pg_catalog.unnest($7::text[]), pg_catalog.unnest($9::int[])${governed ? ', pg_catalog.unnest($10::text[])' : ''})
      AS s(id, state, output, retry_at, delay_ms, error, attempt${governed ? ', flow' : ''})
 WHERE t.id OPERATOR(pg_catalog.=) s.id AND t.state OPERATOR(pg_catalog.=) 'running' AND t.lease_owner OPERATOR(pg_catalog.=) $8
-  AND (t.attempts OPERATOR(pg_catalog.=) s.attempt) IS TRUE
+  AND (t.attempts OPERATOR(pg_catalog.=) s.attempt) IS TRUE${governed ? '' : PLAIN_ROWS_ONLY}
 RETURNING t.id::text, s.state AS state, t.run_id::text, t.step${governed ? ', t.limits, s.attempt, s.flow' : ''}`;
 }
 
@@ -103,7 +109,7 @@ SET state = 'succeeded',
     updated_at = coalesce($1::timestamptz, pg_catalog.now())
 FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($5::int[])) AS s(id, output, attempt)
 WHERE t.id OPERATOR(pg_catalog.=) s.id AND t.state OPERATOR(pg_catalog.=) 'running' AND t.lease_owner OPERATOR(pg_catalog.=) $4
-  AND (t.attempts OPERATOR(pg_catalog.=) s.attempt) IS TRUE
+  AND (t.attempts OPERATOR(pg_catalog.=) s.attempt) IS TRUE${PLAIN_ROWS_ONLY}
 RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
 
 // Successes of standalone tasks defined with keepSucceeded: false: the row
@@ -117,7 +123,7 @@ export const DROP_SQL = `
 DELETE FROM outlive.tasks t
 USING ROWS FROM (pg_catalog.unnest($1::bigint[]), pg_catalog.unnest($3::int[])) AS s(id, attempt)
 WHERE t.id OPERATOR(pg_catalog.=) s.id AND t.state OPERATOR(pg_catalog.=) 'running' AND t.lease_owner OPERATOR(pg_catalog.=) $2
-  AND (t.attempts OPERATOR(pg_catalog.=) s.attempt) IS TRUE
+  AND (t.attempts OPERATOR(pg_catalog.=) s.attempt) IS TRUE${PLAIN_ROWS_ONLY}
 RETURNING t.id::text, 'succeeded'::text AS state, t.run_id::text, t.step`;
 
 // Settles of run tasks that neither failed for good nor spawned anything
@@ -170,16 +176,16 @@ interface SettleStatements {
 }
 
 // A name goes with one text: renamed whenever the text changes (v3: names
-// qualified with pg_catalog; v4: vt and blocked_on), so a server connection that a transaction
+// qualified with pg_catalog; v4: vt and blocked_on, and plain rows only), so a server connection that a transaction
 // pooler shares with a pass of the previous release never runs one
 // release's text under the other's name.
 const PLAIN: SettleStatements = {
   any: { text: SETTLE_SQL, name: 'outlive_settle_v4' },
-  succeeded: { text: SUCCEED_SQL, name: 'outlive_succeed_v3' },
+  succeeded: { text: SUCCEED_SQL, name: 'outlive_succeed_v4' },
 };
 const RUN_TASKS: SettleStatements = {
   any: { text: SETTLE_RUN_TASKS_SQL, name: 'outlive_settle_runs_v4' },
-  succeeded: { text: SUCCEED_RUN_TASKS_SQL, name: 'outlive_succeed_runs_v3' },
+  succeeded: { text: SUCCEED_RUN_TASKS_SQL, name: 'outlive_succeed_runs_v4' },
 };
 const GOVERNED: SettleStatements = { any: { text: SETTLE_GOVERNED_SQL, name: 'outlive_settle_governed_v1' }, succeeded: null };
 const GOVERNED_RUN_TASKS: SettleStatements = { any: { text: SETTLE_GOVERNED_RUN_TASKS_SQL, name: 'outlive_settle_governed_runs_v1' }, succeeded: null };
@@ -280,6 +286,7 @@ export async function settle(pool: PoolLike, owner: string, outcomes: readonly O
         id: outcome.id,
         runId: outcome.runId,
         attempt: outcome.attempt,
+        ...(outcome.governed ? { governed: true as const } : {}),
         state: 'failed',
         error: entry(new Error(`could not record the outcome: ${err.message}`, { cause: err }), 0),
       };
@@ -331,7 +338,7 @@ async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Out
       } else kept.push(o);
     }
     if (dropped.length === 0) return settleRows(toExecutor(pool), owner, outcomes, now);
-    const drop = (db: Executor) => db.query<SettledRow>(DROP_SQL, [dropped, owner, droppedAttempts], 'outlive_drop_v3');
+    const drop = (db: Executor) => db.query<SettledRow>(DROP_SQL, [dropped, owner, droppedAttempts], 'outlive_drop_v4');
     if (kept.length === 0) return drop(toExecutor(pool));
     // Both kinds in one batch: one transaction, so that a batch the database
     // refuses is retried outcome by outcome with nothing half written.

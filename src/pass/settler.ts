@@ -18,6 +18,8 @@ export interface SettledBatch {
   size: number;
   /** Outcomes not written (a lock meeting that never cleared): their rows keep their leases. */
   kept: number;
+  /** Whether it gave back slots of limit keys, which may have made waiting tasks ready. */
+  freedSlots: boolean;
 }
 
 /** Batches the outcomes of one pass into settles under its lease. */
@@ -73,11 +75,11 @@ export class Settler {
             kept = err.kept;
           }
           this.waiting -= batch.length;
-          this.settled({ rows, size: batch.length, kept });
+          this.settled({ rows, size: batch.length, kept, freedSlots: rows.length > 0 && batch.some((o) => o.governed) });
         } catch (err) {
           this.waiting -= batch.length;
           this.failed(err);
-          this.settled({ rows: [], size: batch.length, kept: batch.length });
+          this.settled({ rows: [], size: batch.length, kept: batch.length, freedSlots: false });
         }
       }
       this.flushing = null;

@@ -10,7 +10,7 @@
 import { checkWhole } from '../model/checks.js';
 import { claim, type ClaimedTask } from './claim.js';
 import { ConfigError, OutliveError, toError } from '../model/errors.js';
-import { execute, HandBackError } from './execute.js';
+import { execute, HandBackError, handedBack } from './execute.js';
 import { LeaseWatch } from './lease-watch.js';
 import { Settler } from './settler.js';
 import { toExecutor, toPool, type Database } from '../db/executor.js';
@@ -213,7 +213,9 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     pool,
     owner,
     now,
-    ({ rows, size, kept }) => {
+    ({ rows, size, kept, freedSlots }) => {
+      // A slot given back may let a task waiting for its key start.
+      if (freedSlots) readyCount++;
       for (const r of rows) {
         if ((r.run_id && r.state !== 'released') || r.state === 'pending') readyCount++;
         if (r.state === 'succeeded') report.succeeded++;
@@ -259,7 +261,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // Claimed rows wait here for a free slot, in claim order.
   const buffer: { row: ClaimedTask; at: number }[] = [];
   const staleAfterMs = leaseGraceMs / 2;
-  const handBack = (row: ClaimedTask) => settler.push({ id: row.id, runId: row.run_id, attempt: row.attempts, state: 'released' });
+  const handBack = (row: ClaimedTask) => settler.push(handedBack(row));
   // Handler time, smoothed: how fast buffered tasks will get a slot.
   let avgHandlerMs: number | null = null;
   const bufferLimit = () => {
