@@ -145,11 +145,13 @@ const ops: Record<string, (args: Record<string, unknown>) => Promise<unknown>> =
     return { ms: performance.now() - started };
   },
   /** Enqueues `count` jobs one by one, one every `spacingMs`, each stamped with the time of its call. */
-  async enqueueSpaced({ from, count, spacingMs }) {
+  async enqueueSpaced({ from, count, spacingMs, sleepMs }) {
     const started = performance.now();
     for (let k = 0; k < (count as number); k++) {
       await sleep(started + k * (spacingMs as number) - performance.now());
-      await driver.enqueueOne({ i: (from as number) + k, t: epochMs() });
+      const payload: Payload = { i: (from as number) + k, t: epochMs() };
+      if (typeof sleepMs === 'number') payload.sleepMs = sleepMs;
+      await driver.enqueueOne(payload);
     }
     return { ms: performance.now() - started };
   },
@@ -191,6 +193,18 @@ const ops: Record<string, (args: Record<string, unknown>) => Promise<unknown>> =
     if (system !== 'outlive') throw new Error('serverlessDrain is an outlive phase');
     const { serverlessDrain } = await import('./systems/serverless.ts');
     return serverlessDrain(args.url as string, args as never);
+  },
+  /** The flow-control phases' own ops (lib/flow.ts): systems/flow-outlive.ts or systems/flow-pgboss.ts. */
+  async flow(args) {
+    const mod =
+      system === 'outlive'
+        ? await import('./systems/flow-outlive.ts')
+        : system === 'pg-boss'
+          ? await import('./systems/flow-pgboss.ts')
+          : null;
+    const op = mod?.flowOps[args.fn as string];
+    if (!op) throw new Error(`bench child: ${system} has no flow op "${String(args.fn)}"`);
+    return op(args);
   },
   async exit() {
     setImmediate(() => process.exit(0));

@@ -2,7 +2,7 @@
  * The benchmark of issue 7: outlive side by side with graphile-worker 0.18
  * and pg-boss 12 on one PostgreSQL, in one run.
  *
- *   cd bench && npm install && npm run bench              # full: 3 rounds, ~20-25 min
+ *   cd bench && npm install && npm run bench              # full: 3 rounds, ~20-25 min, and ~10 min a round for the flow-control phases (lib/flow.ts)
  *   cd bench && npm run bench -- --smoke                   # a few hundred jobs, 1 round
  *
  * Each round runs every phase, and within a phase the systems take turns
@@ -18,7 +18,8 @@ import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { outliveRuntime, peerRuntime } from './lib/children.ts';
-import { parseArgs, takesPart, type PhaseName } from './lib/config.ts';
+import { FLOW_PHASES, parseArgs, takesPart, type PhaseName } from './lib/config.ts';
+import { describeSystem, dropFlowDatabases, FLOW_STEPS } from './lib/flow.ts';
 import {
   bulkAndDrain,
   claim,
@@ -94,6 +95,8 @@ const STEPS: Step[] = [
   // outlive-drop sits it out (takesPart): the jobs are still waiting, so how a success settles does not come in.
   { phases: ['liveness'], systems: ['outlive', 'graphile-worker', 'pg-boss'], run: async (ctx, s) => [await liveness(ctx, s)] },
   { phases: ['recovery'], systems: 'all', run: async (ctx, s) => [await recovery(ctx, s)] },
+  // Flow control (issue 26, lib/flow.ts): databases of their own (benchflow_*), made from templates of their own.
+  ...FLOW_STEPS.map((f): Step => ({ phases: [f.phase], systems: f.systems, run: async (ctx, s) => [await f.run(ctx, s)] })),
 ];
 
 function fmt(n: number): string {
@@ -122,6 +125,22 @@ function line(r: PhaseResult): string {
       `\n    pg_stat_user_tables: window ${fmt(m.writesPerSec!)} row writes/s (${fmt(m.hotWritesPerSec!)} HOT), whole wait ${fmt(m.waitWritesPerSec!)} ` +
       `(${fmt(m.waitHotWritesPerSec!)} HOT); server-wide WAL (pg_current_wal_lsn): window ${fmt(m.walKBPerSec!)} kB/s, whole wait ${fmt(m.waitWalKBPerSec!)} kB/s`;
   } else if (r.phase === 'recovery') main = `handed back ${fmt(m.releasedSec!)} s after the kill, all started again after ${fmt(m.rerunSec!)} s`;
+  else if (r.phase === 'over-admission') {
+    main =
+      `most running at once: k1 ${m.k1Max} (limit 1), k5 ${m.k5Max} (limit 5); to the lease's end: k1 ${m.k1MaxLease}, k5 ${m.k5MaxLease}; ${m.kills} kills` +
+      (m.slotsLeaked ? `; ${m.slotsLeaked} SLOT(S) LEAKED` : '');
+  } else if (r.phase === 'fairness') {
+    const p = (k: string) => (m[`${k}P99`] === undefined ? `none of ${m[`${k}Count`]} started` : `p50 ${fmt(m[`${k}P50`]!)} / p99 ${fmt(m[`${k}P99`]!)} ms`);
+    main = `B idle ${p('idle')}; loaded ${p('loaded')}` + (m.loadedRatio === undefined ? '' : ` (p99 ${fmt(m.loadedRatio)}x)`);
+    if (m.weightedShare !== undefined) main += `; prefetch 0 ${p('prefetch0')}; ${fmt(m.prefetch0Ratio ?? NaN)}x; keys ${p('keys')}; weighted share ${fmt(m.weightedShare * 100)} %`;
+  } else if (r.phase === 'rate') {
+    main = `rpm max ${m.rpmMax}/${m.rpmLimit}, long run ${fmt(m.rpmLongRunRatio! * 100)} %; tpm max ${fmt(m.tpmMax!)}/${fmt(m.tpmLimit!)}, long run ${fmt(m.tpmLongRunRatio! * 100)} %; ${m.pauseClaims ?? '?'} claims in the 429 pause`;
+  } else if (r.phase === 'claim-cost') {
+    main = Object.keys(m)
+      .filter((k) => k.startsWith('claimCpu_'))
+      .map((k) => `${k.slice('claimCpu_'.length)} ${fmt(m[k]!)}`)
+      .join(', ') + ' ms claim CPU per 1,000';
+  }
   else main = `${fmt(m.tasksPerSec!)} tasks/s`;
   const per = m.queriesPerTask !== undefined
     ? ` | ${fmt(m.queriesPerTask)} queries, ${fmt(m.commitsPerTask!)} commits/task, PG CPU ${m.pgCpuMsPer1k === undefined ? '?' : fmt(m.pgCpuMsPer1k)} ms/1k`
@@ -162,11 +181,17 @@ async function main(): Promise<void> {
   process.once('SIGTERM', onSignal);
 
   try {
-    // The templates are independent: install them side by side.
+    // The templates are independent: install them side by side. The flow phases make their own
+    // (lib/flow.ts); a run of only those asks each system for its description alone.
+    const standard = options.phases.some((p) => !FLOW_PHASES.includes(p));
     await Promise.all(
       options.systems.map(async (system) => {
-        versions[system] = await prepareTemplate(ctx, system);
-        console.log(`bench: ${system} ${versions[system]!.version} on Node ${versions[system]!.node}: template ${templateOf(system)} ready`);
+        if (standard) {
+          versions[system] = await prepareTemplate(ctx, system);
+          console.log(`bench: ${system} ${versions[system]!.version} on Node ${versions[system]!.node}: template ${templateOf(system)} ready`);
+        } else if (FLOW_STEPS.some((f) => options.phases.includes(f.phase) && f.systems.includes(system))) {
+          versions[system] = await describeSystem(ctx, system);
+        }
       }),
     );
     for (let round = 1; round <= options.rounds; round++) {
@@ -207,6 +232,7 @@ async function main(): Promise<void> {
       await admin.drop(SQL[system].db).catch(() => undefined);
       await admin.drop(templateOf(system)).catch(() => undefined);
     }
+    await dropFlowDatabases(admin);
   }
 
   const server = await admin.serverInfo();

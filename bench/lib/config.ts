@@ -36,7 +36,154 @@ export interface Sizes {
   livenessWindowMs: number;
   /** Recovery phase: jobs running in the process that is killed. */
   recoveryTasks: number;
+  /** The flow-control phases (issue 26, lib/flow.ts): see {@link FlowSizes}. */
+  flow: FlowSizes;
 }
+
+/** Sizes of the flow-control phases (not changed by --scale). */
+export interface FlowSizes {
+  /** over-admission: processes claiming at once (a killed one is replaced), each with this concurrency. */
+  admissionProcesses: number;
+  admissionConcurrency: number;
+  /** How long they run, in ms, and how often one of them is SIGKILLed. */
+  admissionMs: number;
+  admissionKillEveryMs: number;
+  /** Backlog of key k1 (concurrency 1) and k5 (concurrency 5): more than can run in the phase. */
+  admissionK1: number;
+  admissionK5: number;
+  /** outlive's tasks' timeout and the passes' lease grace: a dead process's tasks are handed back 3 s after their claim. */
+  admissionTimeoutMs: number;
+  admissionLeaseGraceMs: number;
+  /** fairness: tenant A's backlog, enqueued first; every task holds this long. */
+  fairA: number;
+  fairHoldMs: number;
+  /** Worker processes x concurrency (saturated by A's backlog). */
+  fairWorkers: number;
+  fairConcurrency: number;
+  /** Tenant B: one task every fairSpacingMs, fairB of them while A's backlog runs, fairIdle on an idle queue. */
+  fairSpacingMs: number;
+  fairB: number;
+  fairIdle: number;
+  /** How long the phase waits for B's last tasks after the last enqueue; a B task not started by then "did not start". */
+  fairWaitMs: number;
+  /** The variant with A's tasks spread over this many concurrency keys (concurrency 1 each). */
+  fairKeys: number;
+  /** The weighted variant: B weighted 3 to A's 1, both with backlogs; share of starts over a window after a warm-up. */
+  fairWeight: number;
+  fairWeightedA: number;
+  fairWeightedB: number;
+  fairWeightedWarmMs: number;
+  fairWeightedWindowMs: number;
+  /** rate: processes (createWorker) and their concurrency. */
+  rateProcesses: number;
+  rateConcurrency: number;
+  /** Key rpm: rateRpm starts per ratePeriodMs; key tpm: rateTpm tokens per period, each task estimating rateEst[0]..rateEst[1]. */
+  ratePeriodMs: number;
+  rateRpm: number;
+  rateTpm: number;
+  rateEst: [number, number];
+  /** How long the workers run (a few whole periods and a little more). */
+  rateMs: number;
+  /** Key provider (concurrency rateProviderConcurrency, tasks holding rateProviderHoldMs): one handler throws a 429 at rate429AtMs. */
+  rateProviderConcurrency: number;
+  rateProviderHoldMs: number;
+  rate429AtMs: number;
+  rateRetryAfterMs: number;
+  /** claim-cost: key counts sharing costBacklog tasks; one key holding costOneKey; tasks claimed per variant, claimLimit per claim. */
+  costKeys: number[];
+  costBacklog: number;
+  costOneKey: number;
+  costMeasure: number;
+  costLimit: number;
+  /** The last variant: the one key's concurrency cut to this, so that each claim finds it full. */
+  costFullConcurrency: number;
+}
+
+/** The issue's flow-control sizes (issue 26); the rate phase alone takes a little over 3 minutes. */
+export const FLOW_FULL: FlowSizes = {
+  admissionProcesses: 10,
+  admissionConcurrency: 10,
+  admissionMs: 60_000,
+  admissionKillEveryMs: 8_000,
+  admissionK1: 5_000,
+  admissionK5: 20_000,
+  admissionTimeoutMs: 2_000,
+  admissionLeaseGraceMs: 1_000,
+  fairA: 100_000,
+  fairHoldMs: 50,
+  fairWorkers: 2,
+  fairConcurrency: 10,
+  fairSpacingMs: 100,
+  fairB: 200,
+  fairIdle: 100,
+  fairWaitMs: 3_000,
+  fairKeys: 1_000,
+  fairWeight: 3,
+  fairWeightedA: 20_000,
+  fairWeightedB: 15_000,
+  fairWeightedWarmMs: 3_000,
+  fairWeightedWindowMs: 15_000,
+  rateProcesses: 10,
+  rateConcurrency: 10,
+  ratePeriodMs: 60_000,
+  rateRpm: 60,
+  rateTpm: 200_000,
+  rateEst: [1_000, 4_000],
+  rateMs: 185_000,
+  rateProviderConcurrency: 5,
+  rateProviderHoldMs: 100,
+  rate429AtMs: 30_000,
+  rateRetryAfterMs: 20_000,
+  costKeys: [1, 100, 10_000],
+  costBacklog: 50_000,
+  costOneKey: 100_000,
+  costMeasure: 5_000,
+  costLimit: 50,
+  costFullConcurrency: 10,
+};
+
+/** Smoke: the same shapes, in seconds (a rate period of 2 s). */
+export const FLOW_SMOKE: FlowSizes = {
+  admissionProcesses: 3,
+  admissionConcurrency: 10,
+  admissionMs: 6_000,
+  admissionKillEveryMs: 2_500,
+  admissionK1: 300,
+  admissionK5: 1_500,
+  admissionTimeoutMs: 2_000,
+  admissionLeaseGraceMs: 1_000,
+  fairA: 2_000,
+  fairHoldMs: 50,
+  fairWorkers: 2,
+  fairConcurrency: 10,
+  fairSpacingMs: 100,
+  fairB: 20,
+  fairIdle: 10,
+  fairWaitMs: 1_000,
+  fairKeys: 100,
+  fairWeight: 3,
+  fairWeightedA: 1_000,
+  fairWeightedB: 1_000,
+  fairWeightedWarmMs: 500,
+  fairWeightedWindowMs: 1_500,
+  rateProcesses: 3,
+  rateConcurrency: 10,
+  ratePeriodMs: 2_000,
+  rateRpm: 6,
+  rateTpm: 20_000,
+  rateEst: [1_000, 4_000],
+  rateMs: 6_500,
+  rateProviderConcurrency: 5,
+  rateProviderHoldMs: 50,
+  rate429AtMs: 1_500,
+  rateRetryAfterMs: 2_000,
+  costKeys: [1, 10, 100],
+  costBacklog: 1_000,
+  costOneKey: 3_000,
+  costMeasure: 300,
+  costLimit: 50,
+  costFullConcurrency: 10,
+};
 
 /** The issue's sizes (issue 7). */
 export const FULL: Sizes = {
@@ -59,6 +206,7 @@ export const FULL: Sizes = {
   livenessSleepMs: 20_000,
   livenessWindowMs: 10_000,
   recoveryTasks: 1_000,
+  flow: FLOW_FULL,
 };
 
 /** A few hundred jobs, one round: keeps the harness from rotting in CI; its numbers mean nothing. */
@@ -84,6 +232,7 @@ export const SMOKE: Sizes = {
   livenessSleepMs: 5_000,
   livenessWindowMs: 1_000,
   recoveryTasks: 20,
+  flow: FLOW_SMOKE,
 };
 
 /** The phases, in the order a round runs them. */
@@ -100,8 +249,15 @@ export const PHASES = [
   'serverless',
   'liveness',
   'recovery',
+  'over-admission',
+  'fairness',
+  'rate',
+  'claim-cost',
 ] as const;
 export type PhaseName = (typeof PHASES)[number];
+
+/** The flow-control phases (issue 26, lib/flow.ts): they use databases of their own (benchflow_*) and a section of their own in docs/benchmarks.md. */
+export const FLOW_PHASES: readonly PhaseName[] = ['over-admission', 'fairness', 'rate', 'claim-cost'];
 
 /**
  * Systems that take part in only some of the phases. outlive-drop differs
@@ -119,7 +275,8 @@ const ONLY: Partial<Record<SystemName, readonly PhaseName[]>> = {
  * locked for 4 hours: the recovery phase would have nothing to time.
  */
 const NEVER: Partial<Record<SystemName, readonly PhaseName[]>> = {
-  'graphile-worker': ['recovery'],
+  // over-admission compares pg-boss's groupConcurrency; graphile-worker has no per-key limit beyond its serial job queues.
+  'graphile-worker': ['recovery', 'over-admission'],
 };
 
 /** Whether `system` takes part in `phase` (phases run by one system alone say so in run.ts). */
@@ -150,7 +307,8 @@ const USAGE = `usage: npm run bench -- [options]
   --phases a,b        only these phases: ${PHASES.join(', ')}
   --systems a,b       only these systems: ${SYSTEMS.join(', ')}
                       (outlive-drop, outlive deleting succeeded rows, runs drain-1, drain-2, latency only;
-                      liveness runs outlive, graphile-worker and pg-boss; recovery outlive and pg-boss)
+                      liveness runs outlive, graphile-worker and pg-boss; recovery outlive and pg-boss;
+                      flow control: over-admission outlive and pg-boss, fairness all three, rate and claim-cost outlive)
   --docs / --no-docs  write docs/benchmarks.md and its images (default: on, off with --smoke)
   --note TEXT         a note to print above the results
   --from FILE         measure nothing: rewrite docs/benchmarks.md from a saved run (bench/results/*.json)

@@ -280,8 +280,8 @@ function must<T>(value: T | null, what: string): T {
   return value;
 }
 
-async function enqueueChunked<I>(task: core.Task<I, unknown>, inputs: I[], options: core.EnqueueManyOptions<I> = {}): Promise<void> {
-  for (let k = 0; k < inputs.length; k += 20_000) await outlive.enqueueMany(must(pool, 'open'), task as never, inputs.slice(k, k + 20_000) as never, options as never);
+async function enqueueChunked<T extends core.AnyTask>(task: T, inputs: core.TaskInput<T>[]): Promise<void> {
+  for (let k = 0; k < inputs.length; k += 20_000) await outlive.enqueueMany(must(pool, 'open'), task, inputs.slice(k, k + 20_000));
 }
 
 const range = (n: number, from = 0) => Array.from({ length: n }, (_, k) => from + k);
