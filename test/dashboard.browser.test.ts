@@ -151,7 +151,7 @@ describe('the dashboard in Chromium', () => {
     await Promise.all([page.waitForURL(`${base}/limits?flash=key-paused`), row.locator('button[data-action="pause-key"]').click()]);
     expect(await page.locator('.flash').innerText()).toMatch(/^Paused/);
     expect(await row.getAttribute('data-paused')).toBe('yes');
-    expect(await row.locator('td.paused').innerText()).toMatch(/^paused until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(in 1[45]m\): provider <incident>$/);
+    expect(await row.locator('td.paused').innerText()).toMatch(/^paused by hand until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(in 1[45]m\): provider <incident>$/);
     expect(await row.locator('td.paused time').getAttribute('datetime')).toMatch(/Z$/);
     const [paused] = await db.rows<{ paused_until: Date; paused_reason: string }>(`SELECT paused_until, paused_reason FROM outlive.limits WHERE key = 'openai'`);
     expect(paused!.paused_reason).toBe('provider <incident>');

@@ -133,6 +133,6 @@ describe('the settler', () => {
     const settler = new Settler(db.pool, 'someone-else', null, (b) => batches.push(b), () => undefined);
     settler.push({ id: r!.id, runId: null, attempt: r!.attempts, state: 'succeeded', output: null });
     await settler.flush();
-    expect(batches).toEqual([{ rows: [], size: 1, kept: 0 }]);
+    expect(batches).toEqual([{ rows: [], size: 1, kept: 0, freedSlots: false }]);
   });
 });
