@@ -127,9 +127,10 @@ export const tasks = outlive.table(
     index('tasks_unplaced_idx')
       .on(t.runAt, t.id)
       .where(sql`${t.state} = 'pending' AND ${t.waitingOn} = 0 AND ${t.fairKey} IS NOT NULL AND ${t.vt} IS NULL`),
-    // Rows waiting for a key, woken in turn when it frees.
+    // Rows waiting for a key, woken in the claim's order (priority, then
+    // turn) when it frees.
     index('tasks_blocked_idx')
-      .on(t.blockedOn, t.vt, t.id)
+      .on(t.blockedOn, t.priority.desc(), t.vt, t.id)
       .where(sql`${t.state} = 'pending' AND ${t.blockedOn} IS NOT NULL`),
     // Running rows by lease owner. A settle and a heartbeat name their
     // pass's owner and read only that pass's rows here; recovery reads the

@@ -229,6 +229,20 @@ describe('per-key concurrency', () => {
     expect(await db.rows(`SELECT state::text FROM outlive.tasks WHERE state <> 'succeeded'`)).toEqual([]);
   });
 
+  it('wakes the tasks waiting for a key in the claim’s order: a task of higher priority does not wait behind the backlog', async () => {
+    const db = await freshDb();
+    const task = defineTask({ name: 'prio', input: z.object({ n: z.number() }), limits: [{ key: 'pk', concurrency: 1 }], run: () => undefined });
+    const { settle } = await import('../src/pass/settle.js');
+    await enqueueMany(db.pool, task, Array.from({ length: 20 }, (_, n) => ({ n })));
+    const [first] = await claim(toExecutor(db.pool), { ...request(['prio'], null), owner: 'p' });
+    expect(await claim(toExecutor(db.pool), request(['prio'], null))).toEqual([]);
+    const urgent = await enqueue(db.pool, task, { n: 99 }, { priority: 10 });
+    expect(await claim(toExecutor(db.pool), request(['prio'], null))).toEqual([]);
+    expect((await db.rows<{ blocked_on: string }>(`SELECT blocked_on FROM outlive.tasks WHERE id = $1`, [urgent.id]))[0]!.blocked_on).toBe('pk');
+    await settle(db.pool, 'p', [{ id: first!.id, runId: null, attempt: 1, governed: true, state: 'succeeded', output: null }], null);
+    expect((await claim(toExecutor(db.pool), request(['prio'], null))).map((t) => t.id)).toEqual([urgent.id]);
+  });
+
   it('takes a limit changed at run time at the next claim', async () => {
     const db = await freshDb();
     const task = defineTask({ name: 'tunable', input: z.object({ n: z.number() }), limits: [{ key: 't', concurrency: 5 }], run: () => undefined });

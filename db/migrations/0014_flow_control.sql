@@ -41,7 +41,7 @@ CREATE INDEX "tasks_governed_idx" ON "outlive"."tasks" USING btree ("priority" D
 CREATE INDEX "tasks_fair_last_idx" ON "outlive"."tasks" USING btree ("queue","fair_key","vt") WHERE "outlive"."tasks"."state" = 'pending' AND "outlive"."tasks"."fair_key" IS NOT NULL AND "outlive"."tasks"."vt" IS NOT NULL;--> statement-breakpoint
 CREATE INDEX "tasks_fair_head_idx" ON "outlive"."tasks" USING btree ("queue","vt") WHERE "outlive"."tasks"."state" = 'pending' AND "outlive"."tasks"."fair_key" IS NOT NULL AND "outlive"."tasks"."vt" IS NOT NULL;--> statement-breakpoint
 CREATE INDEX "tasks_unplaced_idx" ON "outlive"."tasks" USING btree ("run_at","id") WHERE "outlive"."tasks"."state" = 'pending' AND "outlive"."tasks"."waiting_on" = 0 AND "outlive"."tasks"."fair_key" IS NOT NULL AND "outlive"."tasks"."vt" IS NULL;--> statement-breakpoint
-CREATE INDEX "tasks_blocked_idx" ON "outlive"."tasks" USING btree ("blocked_on","vt","id") WHERE "outlive"."tasks"."state" = 'pending' AND "outlive"."tasks"."blocked_on" IS NOT NULL;--> statement-breakpoint
+CREATE INDEX "tasks_blocked_idx" ON "outlive"."tasks" USING btree ("blocked_on","priority" DESC NULLS LAST,"vt","id") WHERE "outlive"."tasks"."state" = 'pending' AND "outlive"."tasks"."blocked_on" IS NOT NULL;--> statement-breakpoint
 CREATE INDEX "tasks_claim_idx" ON "outlive"."tasks" USING btree ("priority" DESC NULLS LAST,"run_at","id") WHERE "outlive"."tasks"."state" = 'pending' AND "outlive"."tasks"."waiting_on" = 0 AND "outlive"."tasks"."fair_key" IS NULL;--> statement-breakpoint
 ALTER TABLE "outlive"."tasks" ADD CONSTRAINT "tasks_governed_check" CHECK ("outlive"."tasks"."fair_key" IS NOT NULL OR ("outlive"."tasks"."limits" IS NULL AND "outlive"."tasks"."vt" IS NULL AND "outlive"."tasks"."blocked_on" IS NULL));--> statement-breakpoint
 -- Flow control (issue 26; docs/flow-control.md, ARCHITECTURE.md). A task
@@ -294,7 +294,8 @@ BEGIN
   WHERE t.id = numbered.tid;
 
   -- 2. Wake the rows waiting for keys whose time came (a slot given back, a
-  --    window with room, a pause ended): as many as could start, in turn.
+  --    window with room, a pause ended): as many as could start, in the
+  --    claim's order (priority, then turn).
   FOR w IN
     SELECT l.key AS lkey, l.running AS lrunning, coalesce(l.concurrency, l.seen_concurrency) AS lcap
     FROM outlive.limits l WHERE l.wake_at <= t_now ORDER BY l.key FOR UPDATE SKIP LOCKED
@@ -302,7 +303,7 @@ BEGIN
     n := CASE WHEN w.lcap IS NULL THEN claim_limit ELSE least(claim_limit, greatest(w.lcap - w.lrunning, 1)) END;
     UPDATE outlive.tasks t SET blocked_on = NULL
     FROM (SELECT b.id AS bid FROM outlive.tasks b
-          WHERE b.blocked_on = w.lkey AND b.state = 'pending' ORDER BY b.vt, b.id LIMIT n FOR UPDATE SKIP LOCKED) x
+          WHERE b.blocked_on = w.lkey AND b.state = 'pending' ORDER BY b.priority DESC NULLS LAST, b.vt, b.id LIMIT n FOR UPDATE SKIP LOCKED) x
     WHERE t.id = x.bid;
     UPDATE outlive.limits l
     SET wake_at = CASE WHEN EXISTS (SELECT 1 FROM outlive.tasks b WHERE b.blocked_on = w.lkey AND b.state = 'pending')

@@ -399,7 +399,7 @@ WITH clock AS (
            CASE WHEN pg_catalog.jsonb_typeof(a.given) OPERATOR(pg_catalog.=) 'object' THEN a.given END,
            (SELECT x.e FROM (SELECT t.limits FROM outlive.tasks t
                              WHERE t.state OPERATOR(pg_catalog.=) 'pending' AND t.blocked_on OPERATOR(pg_catalog.=) a.key
-                             ORDER BY t.vt, t.id LIMIT 1) h,
+                             ORDER BY t.priority DESC NULLS LAST, t.vt, t.id LIMIT 1) h,
                    pg_catalog.jsonb_array_elements(h.limits) AS x(e)
             WHERE (x.e OPERATOR(pg_catalog.->>) 'k') OPERATOR(pg_catalog.=) a.key LIMIT 1),
            (SELECT x.e FROM outlive.tasks t, pg_catalog.jsonb_array_elements(t.limits) AS x(e)
