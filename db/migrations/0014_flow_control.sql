@@ -194,7 +194,8 @@ BEGIN
                               THEN jsonb_build_array(s->0, b.fixes->((s->>2) || ':' || (s->>3)), s->2, s->3) ELSE s END ORDER BY a.o)
         FROM jsonb_array_elements(l.starts) WITH ORDINALITY a(s, o)
         WHERE NOT (b.fixes ? ((s->>2) || ':' || (s->>3)) AND (b.fixes->>((s->>2) || ':' || (s->>3)))::float8 <= 0)), '[]'::jsonb) END,
-      wake_at = CASE WHEN l.wake_at IS NULL THEN NULL ELSE least(l.wake_at, t_now) END,
+      -- '-infinity': due at any clock (a claim's, or an operator's view's, however close).
+      wake_at = CASE WHEN l.wake_at IS NULL THEN NULL ELSE '-infinity'::timestamptz END,
       updated_at = t_now
   FROM by_key b
   WHERE l.key = b.lkey;
@@ -400,7 +401,7 @@ BEGIN
   --    not wait for a slot that no running task will give back. Look again
   --    at the next claim.
   IF cardinality(woken) > 0 THEN
-    UPDATE outlive.limits l SET wake_at = t_now
+    UPDATE outlive.limits l SET wake_at = '-infinity'
     WHERE l.key = ANY (woken) AND NOT (l.key = ANY (reblocked)) AND l.wake_at = 'infinity'
       AND (coalesce(l.concurrency, l.seen_concurrency) IS NULL OR l.running < coalesce(l.concurrency, l.seen_concurrency))
       AND (l.paused_until IS NULL OR l.paused_until <= t_now)

@@ -49,6 +49,8 @@ function now(at: Date | undefined): Date | null {
   return at ?? null;
 }
 
+// A change that may free room makes the key's waiting tasks due at once
+// ('-infinity': due whatever the clock of the claim or view that reads it).
 const UPSERT_LIMIT_SQL = `
 INSERT INTO outlive.limits AS l (key, concurrency, rate_limit, rate_period_ms, wake_at, updated_at)
 VALUES ($1, $2, $3, $4, NULL, coalesce($5::timestamptz, pg_catalog.now()))
@@ -56,7 +58,7 @@ ON CONFLICT (key) DO UPDATE
 SET concurrency = CASE WHEN $6 THEN excluded.concurrency ELSE l.concurrency END,
     rate_limit = CASE WHEN $7 THEN excluded.rate_limit ELSE l.rate_limit END,
     rate_period_ms = CASE WHEN $7 THEN excluded.rate_period_ms ELSE l.rate_period_ms END,
-    wake_at = CASE WHEN l.wake_at IS NULL THEN NULL ELSE coalesce($5::timestamptz, pg_catalog.now()) END,
+    wake_at = CASE WHEN l.wake_at IS NULL THEN NULL ELSE '-infinity'::timestamptz END,
     updated_at = coalesce($5::timestamptz, pg_catalog.now())`;
 
 /**
@@ -105,7 +107,7 @@ SET paused_until = greatest(excluded.paused_until, CASE WHEN l.paused_until OPER
 const RESUME_KEY_SQL = `
 UPDATE outlive.limits l
 SET paused_until = NULL, paused_reason = NULL, paused_by = NULL,
-    wake_at = CASE WHEN l.wake_at IS NULL THEN NULL ELSE coalesce($2::timestamptz, pg_catalog.now()) END,
+    wake_at = CASE WHEN l.wake_at IS NULL THEN NULL ELSE '-infinity'::timestamptz END,
     updated_at = coalesce($2::timestamptz, pg_catalog.now())
 WHERE l.key OPERATOR(pg_catalog.=) $1
 RETURNING l.key`;
