@@ -12,12 +12,11 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineTask, enqueue, enqueueMany, explainRun, pauseQueue, RateLimitedError, setLimit, startRun, step, tick } from '../src/index.js';
 import { claim } from '../src/pass/claim.js';
-import { toExecutor } from '../src/db/executor.js';
 import { keyStates, readKeyStates, status } from '../src/admin/queries.js';
 import { handleDashboard } from '../src/http/dashboard/index.js';
 import { csrfValue, sessionValue } from '../src/http/dashboard/auth.js';
 import { main } from '../src/node/cli.js';
-import { freshDb, type TestDb } from './support/db.js';
+import { freshDb, passExecutor, type TestDb } from './support/db.js';
 
 const db = await freshDb();
 
@@ -58,7 +57,7 @@ async function keyRow(d: TestDb, key: string) {
 
 /** Holds up to `limit` tasks of these names as running (claimed, never settled): their slots stay taken. */
 const hold = (d: TestDb, names: string[], limit = 10) =>
-  claim(toExecutor(d.pool), { owner: 'test-holder', limit, maxTimeoutMs: 600_000, queues: null, names, leaseGraceMs: 1_000, leaseMs: 600_000, now: null });
+  claim(passExecutor(d.pool), { owner: 'test-holder', limit, maxTimeoutMs: 600_000, queues: null, names, leaseGraceMs: 1_000, leaseMs: 600_000, now: null });
 
 const call = defineTask({ name: 'ops.call', input: z.object({ n: z.number() }), limits: [{ key: 'openai', concurrency: 2 }], run: () => undefined });
 const tokens = defineTask({
@@ -128,9 +127,9 @@ describe('outlive status', () => {
   });
 
   it('counts waiting tasks up to a cap, and says when there are more', async () => {
-    const [capped] = await readKeyStates(toExecutor(db.pool), [{ key: 'openai' }], { waitingCap: 2 });
+    const [capped] = await readKeyStates(passExecutor(db.pool), [{ key: 'openai' }], { waitingCap: 2 });
     expect(capped).toMatchObject({ key: 'openai', waiting: 2, waitingMore: true });
-    const [exact] = await readKeyStates(toExecutor(db.pool), [{ key: 'openai' }], { waitingCap: 3 });
+    const [exact] = await readKeyStates(passExecutor(db.pool), [{ key: 'openai' }], { waitingCap: 3 });
     expect(exact).toMatchObject({ waiting: 3, waitingMore: false });
   });
 });

@@ -13,7 +13,7 @@ import { claim, type ClaimedTask } from '../src/pass/claim.js';
 import { settle } from '../src/pass/settle.js';
 import type { Outcome } from '../src/pass/execute.js';
 import { toExecutor } from '../src/db/executor.js';
-import { closePool, freshDb } from './support/db.js';
+import { closePool, freshDb, passPool } from './support/db.js';
 
 const noop = () => undefined;
 const both = defineTask({
@@ -70,7 +70,8 @@ describe('flow control invariants', () => {
     await fc.assert(
       fc.asyncProperty(fc.array(fc.array(op, { minLength: 1, maxLength: 3 }), { minLength: 5, maxLength: 25 }), async (rounds) => {
         const db = await freshDb();
-        const pools = Array.from({ length: 3 }, () => db.newPool({ max: 2 }));
+        const raw = Array.from({ length: 3 }, () => db.newPool({ max: 2 }));
+        const pools = raw.map(passPool);
         const names = ['both', 'rated', 'tenant'];
         let now = Date.now() + 3_600_000;
         const held: (ClaimedTask & { owner: string })[] = [];
@@ -151,7 +152,7 @@ describe('flow control invariants', () => {
             expect(used).toBeLessThanOrEqual(RATE.limit);
           }
         } finally {
-          await Promise.all(pools.map(closePool));
+          await Promise.all(raw.map(closePool));
         }
       }),
       { numRuns: 40 },

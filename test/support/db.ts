@@ -4,6 +4,8 @@
  */
 import pg from 'pg';
 import { afterAll, expect, inject, onTestFinished } from 'vitest';
+import { toExecutor, type Executor, type PoolLike } from '../../src/db/executor.js';
+import { withPreparedStatements } from '../../src/db/statements.js';
 
 /** What a test needs: a pool on its own fresh database, and its URL. */
 export interface TestDb {
@@ -59,6 +61,21 @@ export async function closePool(pool: pg.Pool): Promise<void> {
   const closed = [...open].map((client) => new Promise((resolve) => client.once('end', resolve)));
   if (!pool.ending) await pool.end();
   await Promise.all(closed);
+}
+
+/**
+ * What a pass claims and settles through: `pool` sending named statements as
+ * tick does, until a transaction pooler shows it cannot keep them. A test
+ * that sends the pass's named statements on a bare pool fails through
+ * PgBouncer in transaction mode, where no deployment sends them that way.
+ */
+export function passPool(pool: PoolLike): PoolLike {
+  return withPreparedStatements(pool);
+}
+
+/** {@link passPool} as the executor a claim takes. */
+export function passExecutor(pool: PoolLike): Executor {
+  return toExecutor(passPool(pool));
 }
 
 let counter = 0;
