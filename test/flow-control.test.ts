@@ -27,8 +27,7 @@ import {
   tick,
 } from '../src/index.js';
 import { claim } from '../src/pass/claim.js';
-import { toExecutor } from '../src/db/executor.js';
-import { closePool, freshDb, type TestDb } from './support/db.js';
+import { closePool, freshDb, passExecutor, type TestDb } from './support/db.js';
 
 /** A clock the tests move by hand: rows are claimed and settled at these times. */
 const T0 = new Date(Date.now() + 60_000);
@@ -109,7 +108,7 @@ describe('per-key concurrency', () => {
     const db = await freshDb();
     const slow = defineTask({ name: 'slow', input: z.object({ n: z.number() }), limits: [{ key: 'k', concurrency: 2 }], run: () => undefined });
     await enqueueMany(db.pool, slow, Array.from({ length: 50 }, (_, n) => ({ n })));
-    const exec = toExecutor(db.pool);
+    const exec = passExecutor(db.pool);
     const first = await claim(exec, request(['slow'], null));
     expect(first).toHaveLength(2);
     expect(first[0]!.limits).toEqual([{ k: 'k', n: 2 }]);
@@ -143,7 +142,7 @@ describe('per-key concurrency', () => {
     });
     // Recovered: the pass died holding it.
     const { id } = await enqueue(db.pool, task, { n: 1 });
-    const [claimed] = await claim(toExecutor(db.pool), request(['guarded'], T0));
+    const [claimed] = await claim(passExecutor(db.pool), request(['guarded'], T0));
     expect(claimed!.id).toBe(id);
     expect((await keyRow(db, 'g'))!.running).toBe(1);
     const report = await recover(db.pool, { now: at(10_000) });
@@ -163,7 +162,7 @@ describe('per-key concurrency', () => {
     expect((await keyRow(db, 'g'))!.running).toBe(0);
     // Cancelled while running: the cancel gives the slot back.
     const run = await startRun(db.pool, 'one', { a: step(task, { n: 2 }) });
-    const [running] = await claim(toExecutor(db.pool), request(['guarded'], null));
+    const [running] = await claim(passExecutor(db.pool), request(['guarded'], null));
     expect(running!.id).toBe(run.tasks.a);
     expect((await keyRow(db, 'g'))!.running).toBe(1);
     await cancelRun(db.pool, run.id);
@@ -178,35 +177,61 @@ describe('per-key concurrency', () => {
     const names = ['k1-default', 'k1-q1'];
     const { settle } = await import('../src/pass/settle.js');
     await enqueue(db.pool, inDefault, { n: 0 });
-    const [x] = await claim(toExecutor(db.pool), { ...request(names, null), owner: 'first' });
+    const [x] = await claim(passExecutor(db.pool), { ...request(names, null), owner: 'first' });
     await enqueue(db.pool, inPaused, { n: 1 });
     const b = await enqueue(db.pool, inDefault, { n: 2 });
-    expect(await claim(toExecutor(db.pool), request(names, null))).toEqual([]);
+    expect(await claim(passExecutor(db.pool), request(names, null))).toEqual([]);
     await pauseQueue(db.pool, 'q1');
     await settle(db.pool, 'first', [{ id: x!.id, runId: null, attempt: 1, governed: true, state: 'succeeded', output: null }], null);
     const next: string[] = [];
-    for (let i = 0; i < 3 && next.length === 0; i++) next.push(...(await claim(toExecutor(db.pool), request(names, null))).map((t) => t.id));
+    for (let i = 0; i < 3 && next.length === 0; i++) next.push(...(await claim(passExecutor(db.pool), request(names, null))).map((t) => t.id));
     expect(next).toEqual([b.id]);
   });
 
-  it('a pass that hands back tasks it claimed but did not start gives their slots back', async () => {
+  it('a pass that hands back the tasks it runs (its abort) gives their slots back', async () => {
     const db = await freshDb();
     const slow = defineTask({
       name: 'held',
       input: z.object({ n: z.number() }),
       limits: [{ key: 'h', concurrency: 50 }],
-      run: () => new Promise((r) => setTimeout(r, 40)),
+      run: () => new Promise((r) => setTimeout(r, 2_000)),
     });
     await enqueueMany(db.pool, slow, Array.from({ length: 30 }, (_, n) => ({ n })));
     const stop = new AbortController();
-    setTimeout(() => stop.abort(), 20);
-    // One runs at a time; the others wait in the pass's buffer and are handed back when it stops.
-    const report = await tick(db.pool, { tasks: [slow], concurrency: 1, signal: stop.signal });
-    expect(report.released).toBeGreaterThan(0);
-    const [row] = await db.rows<{ running: number; actual: number }>(
-      `SELECT l.running, (SELECT count(*)::int FROM outlive.tasks WHERE state = 'running') AS actual FROM outlive.limits l WHERE l.key = 'h'`,
+    const handBack = new AbortController();
+    setTimeout(() => {
+      stop.abort();
+      handBack.abort();
+    }, 100);
+    const report = await tick(db.pool, { tasks: [slow], concurrency: 5, signal: stop.signal, abort: handBack.signal });
+    expect(report.released).toBe(5);
+    const [row] = await db.rows<{ running: number; actual: number; attempts: number }>(
+      `SELECT l.running, (SELECT count(*)::int FROM outlive.tasks WHERE state = 'running') AS actual,
+              (SELECT sum(attempts)::int FROM outlive.tasks) AS attempts
+       FROM outlive.limits l WHERE l.key = 'h'`,
     );
-    expect(row).toEqual({ running: 0, actual: 0 });
+    expect(row).toEqual({ running: 0, actual: 0, attempts: 0 });
+  });
+
+  it('claims tasks with flow control only for free handlers: none waits in the pass’s buffer holding its slot and its turn', async () => {
+    const db = await freshDb();
+    const fair = defineTask({
+      name: 'fair-only',
+      input: z.object({ c: z.string(), n: z.number() }),
+      fairness: { key: (i) => i.c },
+      run: () => new Promise((r) => setTimeout(r, 15)),
+    });
+    const plain = defineTask({ name: 'plain', input: z.object({ n: z.number() }), run: () => new Promise((r) => setTimeout(r, 5)) });
+    await enqueueMany(db.pool, fair, Array.from({ length: 40 }, (_, n) => ({ c: `c${n % 4}`, n })));
+    await enqueueMany(db.pool, plain, Array.from({ length: 40 }, (_, n) => ({ n })));
+    const report = await tick(db.pool, { tasks: [fair, plain], concurrency: 3, prefetch: 1_000, budgetMs: 20_000 });
+    expect(report).toMatchObject({ claimed: 80, succeeded: 80, released: 0 });
+    // A claim's rows share its started_at. Plain tasks may be claimed ahead
+    // into the buffer; governed ones only as many as there are free handlers.
+    const [{ most }] = (await db.rows<{ most: number }>(
+      `SELECT max(x)::int AS most FROM (SELECT count(*) AS x FROM outlive.tasks WHERE name = 'fair-only' GROUP BY started_at) s`,
+    )) as [{ most: number }];
+    expect(most).toBeLessThanOrEqual(3);
   });
 
   it('a worker starts the next task of a full key when a slot is given back, not at its next poll', async () => {
@@ -234,13 +259,13 @@ describe('per-key concurrency', () => {
     const task = defineTask({ name: 'prio', input: z.object({ n: z.number() }), limits: [{ key: 'pk', concurrency: 1 }], run: () => undefined });
     const { settle } = await import('../src/pass/settle.js');
     await enqueueMany(db.pool, task, Array.from({ length: 20 }, (_, n) => ({ n })));
-    const [first] = await claim(toExecutor(db.pool), { ...request(['prio'], null), owner: 'p' });
-    expect(await claim(toExecutor(db.pool), request(['prio'], null))).toEqual([]);
+    const [first] = await claim(passExecutor(db.pool), { ...request(['prio'], null), owner: 'p' });
+    expect(await claim(passExecutor(db.pool), request(['prio'], null))).toEqual([]);
     const urgent = await enqueue(db.pool, task, { n: 99 }, { priority: 10 });
-    expect(await claim(toExecutor(db.pool), request(['prio'], null))).toEqual([]);
+    expect(await claim(passExecutor(db.pool), request(['prio'], null))).toEqual([]);
     expect((await db.rows<{ blocked_on: string }>(`SELECT blocked_on FROM outlive.tasks WHERE id = $1`, [urgent.id]))[0]!.blocked_on).toBe('pk');
     await settle(db.pool, 'p', [{ id: first!.id, runId: null, attempt: 1, governed: true, state: 'succeeded', output: null }], null);
-    expect((await claim(toExecutor(db.pool), request(['prio'], null))).map((t) => t.id)).toEqual([urgent.id]);
+    expect((await claim(passExecutor(db.pool), request(['prio'], null))).map((t) => t.id)).toEqual([urgent.id]);
   });
 
   it('takes a limit changed at run time at the next claim', async () => {
@@ -248,9 +273,9 @@ describe('per-key concurrency', () => {
     const task = defineTask({ name: 'tunable', input: z.object({ n: z.number() }), limits: [{ key: 't', concurrency: 5 }], run: () => undefined });
     await enqueueMany(db.pool, task, Array.from({ length: 10 }, (_, n) => ({ n })));
     await setLimit(db.pool, 't', { concurrency: 2 });
-    expect(await claim(toExecutor(db.pool), request(['tunable'], null))).toHaveLength(2);
+    expect(await claim(passExecutor(db.pool), request(['tunable'], null))).toHaveLength(2);
     await setLimit(db.pool, 't', { concurrency: null });
-    expect(await claim(toExecutor(db.pool), request(['tunable'], null))).toHaveLength(3);
+    expect(await claim(passExecutor(db.pool), request(['tunable'], null))).toHaveLength(3);
     expect(await limitStatus(db.pool, ['t'])).toEqual([
       expect.objectContaining({ key: 't', running: 5, concurrency: null, waiting: 5 }),
     ]);
@@ -286,7 +311,7 @@ describe('rate limits', () => {
     await enqueue(db.pool, task, { est: 60, used: 10 });
     await enqueue(db.pool, task, { est: 50, used: 50 });
     // 60 + 50 > 100: one starts.
-    const [first, ...others] = await claim(toExecutor(db.pool), { ...request(['tokens'], at(0)), owner: 'p1' });
+    const [first, ...others] = await claim(passExecutor(db.pool), { ...request(['tokens'], at(0)), owner: 'p1' });
     expect(others).toEqual([]);
     expect((await keyRow(db, 'tok'))!.starts.map((s) => s[1])).toEqual([60]);
     // It used 10 (its handler's reportCost): the window holds 10, so the other fits now.
@@ -336,7 +361,7 @@ describe('rate limits', () => {
     const task = defineTask({ name: 'pausable', input: z.object({}), limits: [{ key: 'p', concurrency: 1 }], run: () => undefined });
     const { settle } = await import('../src/pass/settle.js');
     await enqueue(db.pool, task, {});
-    const [t] = await claim(toExecutor(db.pool), { ...request(['pausable'], null), owner: 'o' });
+    const [t] = await claim(passExecutor(db.pool), { ...request(['pausable'], null), owner: 'o' });
     const pause = { key: 'p', ms: 600_000, reason: 'rate limited on key "p": retry after 600000 ms' };
     await settle(db.pool, 'o', [{ id: t!.id, runId: null, attempt: 1, governed: true, flow: JSON.stringify({ pause }), state: 'released' }], null);
     await pauseKey(db.pool, 'p', { until: new Date(Date.now() + 60_000), reason: 'short' });
@@ -378,7 +403,7 @@ describe('fair sharing', () => {
     run: () => undefined,
   });
   const order = async (db: TestDb, limit: number) =>
-    (await claim(toExecutor(db.pool), request(['page'], null, limit))).map((t) => (t.input as { customer: string }).customer);
+    (await claim(passExecutor(db.pool), request(['page'], null, limit))).map((t) => (t.input as { customer: string }).customer);
 
   it('a key with a backlog does not delay a key with one task', async () => {
     const db = await freshDb();
@@ -440,7 +465,7 @@ describe('debounce and throttle on idempotency keys', () => {
   it('a running task keeps running and gives its key up to a new task with the new input', async () => {
     const db = await freshDb();
     const a = await enqueue(db.pool, save, { text: 'a' }, { key: 'doc-1' });
-    await claim(toExecutor(db.pool), request(['save-draft'], null));
+    await claim(passExecutor(db.pool), request(['save-draft'], null));
     const b = await enqueue(db.pool, save, { text: 'ab' }, { key: 'doc-1', keyMode: 'replace' });
     expect(b).toMatchObject({ deduplicated: false, replaced: false });
     expect(b.id).not.toBe(a.id);

@@ -424,11 +424,14 @@ $governed$;
 -- What a pass calls to claim (src/pass/claim.ts): governed rows through
 -- outlive.claim_governed and the others through outlive.claim, each given
 -- half the claim while both have work, the rest to whichever has more.
--- Three index probes decide whether there is governed work at all, so a
--- queue without flow control pays for them and nothing else.
+-- governed_limit caps the governed rows (NULL: no cap): a pass asks only for
+-- as many as it has handlers free, because a governed task claimed into its
+-- buffer would hold its keys' slots, its rate window and its fair turn
+-- while it waits there. Three index probes decide whether there is governed
+-- work at all, so a queue without flow control pays for them and nothing else.
 CREATE FUNCTION "outlive"."claim_tasks"(
   now_at timestamptz, max_timeout_ms integer, queues text[], claim_limit integer,
-  owner text, lease_grace_ms integer, lease_ms integer, names text[]
+  owner text, lease_grace_ms integer, lease_ms integer, names text[], governed_limit integer
 ) RETURNS TABLE (
   id text, name text, queue text, input jsonb, attempts integer, max_attempts integer, timeout_ms integer, run_id text,
   fair_key text, limits jsonb
@@ -443,27 +446,31 @@ AS $tasks$
 #variable_conflict use_column
 DECLARE
   t_now timestamptz := coalesce(now_at, now());
-  governed boolean;
-  share integer;
+  cap integer := least(claim_limit, coalesce(governed_limit, claim_limit));
+  governed boolean := false;
+  share integer := 0;
   got integer := 0;
   n integer;
 BEGIN
   IF claim_limit <= 0 THEN RETURN; END IF;
-  governed := EXISTS (SELECT 1 FROM outlive.tasks t
-                      WHERE t.state = 'pending' AND t.waiting_on = 0 AND t.fair_key IS NOT NULL AND t.vt IS NOT NULL AND t.blocked_on IS NULL)
-           OR EXISTS (SELECT 1 FROM outlive.tasks t
-                      WHERE t.state = 'pending' AND t.waiting_on = 0 AND t.fair_key IS NOT NULL AND t.vt IS NULL AND t.run_at <= t_now)
-           OR EXISTS (SELECT 1 FROM outlive.limits l WHERE l.wake_at <= t_now);
+  IF cap > 0 THEN
+    governed := EXISTS (SELECT 1 FROM outlive.tasks t
+                        WHERE t.state = 'pending' AND t.waiting_on = 0 AND t.fair_key IS NOT NULL AND t.vt IS NOT NULL AND t.blocked_on IS NULL)
+             OR EXISTS (SELECT 1 FROM outlive.tasks t
+                        WHERE t.state = 'pending' AND t.waiting_on = 0 AND t.fair_key IS NOT NULL AND t.vt IS NULL AND t.run_at <= t_now)
+             OR EXISTS (SELECT 1 FROM outlive.limits l WHERE l.wake_at <= t_now);
+  END IF;
   IF governed THEN
-    share := (claim_limit + 1) / 2;
+    share := least((claim_limit + 1) / 2, cap);
     RETURN QUERY SELECT * FROM outlive.claim_governed(now_at, max_timeout_ms, queues, share, owner, lease_grace_ms, lease_ms, names);
     GET DIAGNOSTICS got = ROW_COUNT;
   END IF;
   RETURN QUERY SELECT p.*, NULL::text, NULL::jsonb
     FROM outlive.claim(now_at, max_timeout_ms, queues, claim_limit - got, owner, lease_grace_ms, lease_ms, names) p;
   GET DIAGNOSTICS n = ROW_COUNT;
-  IF governed AND got = share AND got + n < claim_limit THEN
-    RETURN QUERY SELECT * FROM outlive.claim_governed(now_at, max_timeout_ms, queues, claim_limit - got - n, owner, lease_grace_ms, lease_ms, names);
+  IF governed AND got = share AND got < cap AND got + n < claim_limit THEN
+    RETURN QUERY SELECT * FROM outlive.claim_governed(now_at, max_timeout_ms, queues,
+      least(claim_limit - got - n, cap - got), owner, lease_grace_ms, lease_ms, names);
   END IF;
 END;
 $tasks$;

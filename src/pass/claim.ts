@@ -46,6 +46,13 @@ export interface ClaimRequest {
   leaseMs: number;
   /** The time to claim at; null for the database's clock. */
   now: Date | null;
+  /**
+   * At most this many tasks with flow control (limits or fairness); omitted
+   * for no cap. A pass asks for no more than it has handlers free to start:
+   * a governed task waiting in its buffer would hold its keys' slots, its
+   * place in a rate window and its fair turn without running.
+   */
+  governedLimit?: number;
 }
 
 // SKIP LOCKED lets ten passes run this at the same instant and each take
@@ -116,10 +123,10 @@ RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.ti
  * sequential scans priced out, so it is the index plan on a table of any
  * size (test/claim.test.ts claims such a burst and counts rows scanned).
  */
-const CLAIM_CALL_SQL = 'SELECT * FROM outlive.claim_tasks($1, $2, $3, $4, $5, $6, $7, $8)';
+const CLAIM_CALL_SQL = 'SELECT * FROM outlive.claim_tasks($1, $2, $3, $4, $5, $6, $7, $8, $9)';
 
 /** The claim function this code calls, as `to_regprocedure` names it. */
-export const CLAIM_FUNCTION = 'outlive.claim_tasks(timestamptz, integer, text[], integer, text, integer, integer, text[])';
+export const CLAIM_FUNCTION = 'outlive.claim_tasks(timestamptz, integer, text[], integer, text, integer, integer, text[], integer)';
 
 /** The plain claim, whose body is CLAIM_SQL. */
 export const PLAIN_CLAIM_FUNCTION = 'outlive.claim(timestamptz, integer, text[], integer, text, integer, integer, text[])';
@@ -133,7 +140,7 @@ export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTas
   try {
     return await db.query<ClaimedTask>(
       CLAIM_CALL_SQL,
-      [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs, req.leaseMs, req.names],
+      [req.now, Math.floor(req.maxTimeoutMs), req.queues, req.limit, req.owner, req.leaseGraceMs, req.leaseMs, req.names, req.governedLimit ?? null],
       'outlive_claim_tasks',
     );
   } catch (err) {

@@ -206,9 +206,13 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // while nothing has happened since a claim that began at that count came
   // back short; counting, not a flag, so that what happens while a claim is
   // in flight (a settle committing, a NOTIFY) is not lost when it returns.
+  // Tasks with flow control are claimed for free handlers only, so a claim
+  // that got all of them it could take may have left more ready: the pass
+  // then claims again as soon as a handler frees.
   let readyCount = 0;
   let dryAt = -1;
-  const dry = () => dryAt === readyCount;
+  let governedMore = false;
+  const dry = () => dryAt === readyCount && !governedMore;
   const settler = new Settler(
     pool,
     owner,
@@ -333,6 +337,11 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     // one connection: Postgres CPU 50 ms per 1,000 tasks in batches of 50,
     // 36 in batches of 250, 33 in batches of 500).
     const minBatch = Math.max(1, Math.floor(concurrency / 2));
+    // Tasks with flow control are claimed only for free handlers, never into
+    // the buffer (see ClaimRequest.governedLimit), and soon after one frees:
+    // a fair turn waits for the next such claim (docs/benchmarks.md, "Flow
+    // control").
+    const governedBatch = Math.max(1, Math.floor(concurrency / 10));
 
     for (;;) {
       if (options.signal?.aborted || options.abort?.aborted) {
@@ -358,28 +367,43 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         continue;
       }
       const capacity = concurrency + bufferLimit();
-      const room = Math.min(capacity - running - buffer.length, maxTasks - report.claimed - buffer.length);
+      const left = maxTasks - report.claimed - buffer.length;
+      const room = Math.min(capacity - running - buffer.length, left);
+      const free = Math.min(concurrency - running - buffer.length, left);
       // After a short claim, a pass that can be woken (the worker's) waits
       // for a wake-up or a settle that may have made work ready: asking
       // again after every finished task cost the worker one empty claim per
       // lone task (401 claims for 200 tasks in the bench's latency phase).
       // A pass that cannot be woken (a cron or webhook pass) asks again as
       // its tasks finish, to run what they enqueued.
-      const mayBeReady = !dry() || !options.wakeups;
-      if (room > 0 && mayBeReady && (room >= Math.max(minBatch, capacity >> 1) || (running === 0 && buffer.length === 0))) {
+      const wantPlain = room > 0 && (dryAt !== readyCount || !options.wakeups) &&
+        (room >= Math.max(minBatch, capacity >> 1) || (running === 0 && buffer.length === 0));
+      const wantGoverned = governedMore && free >= governedBatch;
+      if (wantPlain || wantGoverned) {
         const seen = readyCount;
+        const limit = wantPlain ? room : free;
+        const governedLimit = Math.max(0, free);
         const rows = await claim(exec, {
           owner,
-          limit: room,
+          limit,
           maxTimeoutMs: remaining,
           queues,
           names,
           leaseGraceMs,
           leaseMs,
           now,
+          governedLimit,
         });
         const at = performance.now();
-        dryAt = rows.length < room ? seen : -1;
+        const short = rows.length < limit;
+        let governed = 0;
+        for (const row of rows) if (row.fair_key != null) governed++;
+        if (short) dryAt = seen;
+        else if (wantPlain || governed < rows.length) dryAt = -1;
+        // The claim gives governed tasks the first half of its limit (up to
+        // their cap), and the rest if the others leave room: fewer than that
+        // means none more were ready.
+        if (governedLimit > 0) governedMore = governed >= Math.min((limit + 1) >> 1, governedLimit) && !(short && governed < governedLimit);
         for (const row of rows) buffer.push({ row, at });
         fill();
         // A full batch means there may be more: claim again while there is
@@ -388,7 +412,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         // came while this claim was in flight. With nothing left to wait
         // for, the top of the loop decides whether the pass is done.
         const idle = running === 0 && settler.unsettled === 0 && buffer.length === 0;
-        if (idle || ((rows.length === room || !dry()) && running + buffer.length < capacity)) continue;
+        if (idle || ((!short || readyCount !== seen) && running + buffer.length < capacity)) continue;
       }
       await nextProgress();
     }
