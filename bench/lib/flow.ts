@@ -338,7 +338,7 @@ interface FairRun {
   bLeft?: number;
 }
 
-type FairKind = 'idle' | 'loaded' | 'prefetch0' | 'keys' | 'weighted';
+type FairKind = 'idle' | 'loaded' | 'jitter' | 'prefetch0' | 'keys' | 'weighted';
 
 /** Waits until every B task has run (outlive: succeeded; the peers' idle runs: no job left), or `maxMs`. */
 async function waitBDone(probe: Probe, system: SystemName, maxMs: number): Promise<void> {
@@ -372,7 +372,8 @@ async function fairRunOutlive(ctx: Context, procs: FairProcs, kind: FairKind): P
     const weighted = kind === 'weighted';
     if (weighted) await flow(enqueuer, 'setWeight', { key: 'B', weight: f.fairWeight });
     const aCount = kind === 'idle' ? 0 : weighted ? f.fairWeightedA : f.fairA;
-    if (aCount > 0) await flow(enqueuer, 'enqueueFair', { variant, tenant: 'A', count: aCount, hold: f.fairHoldMs, keys: f.fairKeys });
+    // 'jitter': A's tasks hold 0 to twice the hold at random (the same mean), so handlers free one by one, not in waves.
+    if (aCount > 0) await flow(enqueuer, 'enqueueFair', { variant, tenant: 'A', count: aCount, hold: f.fairHoldMs, keys: f.fairKeys, jitter: kind === 'jitter' });
     if (weighted) await flow(enqueuer, 'enqueueFair', { variant, tenant: 'B', count: f.fairWeightedB, hold: f.fairHoldMs });
     await withProbe(db, (p) => p.rows('ANALYZE'));
     await Promise.all(workers.map((w) => flow(w, 'open', { url })));
@@ -499,6 +500,7 @@ export async function fairness(ctx: Context, system: SystemName): Promise<PhaseR
       notes.push(describe('idle queue (createWorker)', idle, null));
       for (const [kind, label] of [
         ['loaded', `behind A's ${f.fairA.toLocaleString('en-US')} (createWorker, default prefetch)`],
+        ['jitter', `behind A's ${f.fairA.toLocaleString('en-US')} holding 0-${2 * f.fairHoldMs} ms at random (createWorker)`],
         ['prefetch0', `behind A's ${f.fairA.toLocaleString('en-US')} (tick loop, prefetch 0)`],
         ['keys', `behind A's ${f.fairA.toLocaleString('en-US')} over ${f.fairKeys.toLocaleString('en-US')} concurrency keys of 1 (createWorker)`],
       ] as const) {

@@ -152,6 +152,7 @@ export function summarize(record: RunRecord): string {
   flowRow('Fairness: B p99 behind A', 'fairness', 'loadedP99', 'ms');
   flowRow('Fairness: B started behind A', 'fairness', 'loadedStarted', 'tasks');
   flowRow('Fairness: B p99 behind A / idle', 'fairness', 'loadedRatio', 'x');
+  flowRow('Fairness: same, holds at random', 'fairness', 'jitterRatio', 'x');
   flowRow('Fairness: same, prefetch 0', 'fairness', 'prefetch0Ratio', 'x');
   flowRow('Fairness: same, A over many keys', 'fairness', 'keysRatio', 'x');
   flowRow('Fairness: weighted share of B', 'fairness', 'weightedShare', '');
@@ -472,6 +473,7 @@ function flowSection(record: RunRecord): string {
         `A B task that had not started ${f.fairWaitMs / 1000} s after the last B enqueue "did not start". ` +
         `outlive: one task with \`fairness: { key: (i) => i.tenant }\`, run by \`createWorker\` (its defaults: prefetch up to 1,000, sized to what its handlers start in a quarter of the lease grace), ` +
         `by a loop of \`tick()\` with \`prefetch: 0\` (LISTEN waking the pass, as the worker's does), and with A's tasks also spread over ${n(f.fairKeys)} concurrency keys of 1. ` +
+        `Tasks that all hold the same time start and end in waves (a pass's handlers free together), so a B task waits for the next wave whatever the claim does; the run with A's tasks holding 0-${2 * f.fairHoldMs} ms at random (the same mean) frees handlers one by one. ` +
         `Weighted: B weighted ${f.fairWeight} to A's 1 (\`setWeight\`), both with backlogs (A ${n(f.fairWeightedA)}, B ${n(f.fairWeightedB)}); B's share of the starts in ${f.fairWeightedWindowMs / 1000} s after ${f.fairWeightedWarmMs / 1000} s of warm-up. ` +
         'pg-boss and graphile-worker take jobs first in, first out (their drivers\' settings of the throughput phases): B waits behind all of A.',
       '',
@@ -490,6 +492,8 @@ function flowSection(record: RunRecord): string {
           ['idle queue, B alone', ...sys.map((x) => lat(x, 'idle'))],
           [`behind A's ${n(f.fairA)}`, ...sys.map((x) => lat(x, 'loaded'))],
           ['  p99 against idle (goal: ≤ 2×)', ...sys.map((x) => c('fairness', x, 'loadedRatio'))],
+          [`behind A's ${n(f.fairA)} holding 0-${2 * f.fairHoldMs} ms at random (same mean)`, ...sys.map((x) => lat(x, 'jitter'))],
+          ['  p99 against idle', ...sys.map((x) => c('fairness', x, 'jitterRatio'))],
           [`behind A's ${n(f.fairA)}, outlive with prefetch 0`, ...sys.map((x) => lat(x, 'prefetch0'))],
           ['  p99 against idle', ...sys.map((x) => c('fairness', x, 'prefetch0Ratio'))],
           [`behind A's ${n(f.fairA)} over ${n(f.fairKeys)} concurrency keys`, ...sys.map((x) => lat(x, 'keys'))],

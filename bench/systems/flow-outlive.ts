@@ -313,10 +313,11 @@ export const flowOps: Record<string, (args: Record<string, unknown>) => Promise<
     const tenant = (args.tenant as string) ?? 'A';
     const keys = Number(args.keys ?? 0);
     const hold = Number(args.hold);
+    const jitter = args.jitter === true;
     const inputs: FairInput[] = range(Number(args.count), Number(args.from ?? 0)).map((i) => ({
       tenant,
       i,
-      hold,
+      hold: jitter ? Math.round(Math.random() * 2 * hold) : hold,
       ...(variant === 'keys' ? { key: tenant === 'A' ? `a:${i % Math.max(1, keys)}` : `tenant:${tenant}` } : {}),
     }));
     const started = performance.now();
