@@ -514,6 +514,8 @@ BEGIN
     RETURN QUERY SELECT * FROM outlive.claim_governed(now_at, max_timeout_ms, queues, share, owner, lease_grace_ms, lease_ms, names);
     GET DIAGNOSTICS got = ROW_COUNT;
   END IF;
+  -- A claim sized to free handlers is often all governed: no plain claim of 0.
+  IF got >= claim_limit THEN RETURN; END IF;
   RETURN QUERY SELECT p.*, NULL::text, NULL::jsonb
     FROM outlive.claim(now_at, max_timeout_ms, queues, claim_limit - got, owner, lease_grace_ms, lease_ms, names) p;
   GET DIAGNOSTICS n = ROW_COUNT;
