@@ -166,8 +166,7 @@ $fair$;
 -- items: [[limits, task id, attempt, {"costs": {key|"*": n}, "pause": {...}}], ...]
 -- Its joins go key by key through the primary key, whatever the plan's
 -- statistics say: a hash join walked all of outlive.limits on every settle
--- (bench claim-cost, 10,000 keys: settle CPU per 1,000 tasks 85 ms, against
--- 21-29 at 1 and 100 keys).
+-- (docs/benchmarks.md, "Flow control").
 CREATE FUNCTION "outlive"."release_slots"(items jsonb, now_at timestamptz) RETURNS integer
 LANGUAGE plpgsql
 SET jit = off

@@ -48,9 +48,9 @@ export interface ClaimRequest {
   now: Date | null;
   /**
    * At most this many tasks with flow control (limits or fairness); omitted
-   * for no cap. A pass asks for no more than it has handlers free to start:
-   * a governed task waiting in its buffer would hold its keys' slots, its
-   * place in a rate window and its fair turn without running.
+   * for no cap. A pass asks for no more than it has handlers free: one
+   * waiting in its buffer would hold its keys' slots, its rate start and its
+   * fair turn without running.
    */
   governedLimit?: number;
 }
@@ -65,17 +65,12 @@ export interface ClaimRequest {
 // cost what one does, while ready rows of names no pass knows are read past
 // by every claim (docs/benchmarks.md, "The claim of known task names").
 //
-// The UPDATE finds the locked rows by primary key. It found them by ctid (a
-// TID scan) for a while, measured then as 0.7-1.3 ms per 1,000 tasks
-// cheaper; measured again in claim-and-settle loops (bench/loop.ts, claims
-// of 500 among 100,000 rows, 2 cores, PostgreSQL 15, fillfactor 50), the
-// primary-key lookup was cheaper in every one of 10 paired runs: claims cost
-// 11.1-13.6 ms of Postgres CPU per 1,000 tasks against 13.8-17.7 on one
-// connection, 15.1-19.9 against 18.2-24.5 on two. Should a concurrent update
-// have replaced a row between this statement's snapshot and its lock, the
-// UPDATE follows it to the version the CTE locked and checks the state again
-// there, so the claim is a compare-and-set on its own terms, not only through
-// the lock its CTE took.
+// The UPDATE finds the locked rows by primary key, cheaper than by ctid
+// here (docs/benchmarks.md, "What the Postgres CPU buys"). Should a
+// concurrent update have replaced a row between this statement's snapshot
+// and its lock, the UPDATE follows it to the version the CTE locked and
+// checks the state again there, so the claim is a compare-and-set on its own
+// terms, not only through the lock its CTE took.
 export const CLAIM_SQL = `
 WITH ready AS (
   SELECT id FROM outlive.tasks
@@ -109,19 +104,13 @@ RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.ti
  * search_path pinned, 0014 leaving governed rows and paused queues out), as
  * a named statement.
  *
- * The trade-off, measured on 2 cores, PostgreSQL 15: CLAIM_SQL sent unnamed
- * (0000-0008) was parsed and planned for every claim, 460-530 us of backend
- * CPU for a claim of one task among 30,000 ready rows, against 200-225 us
- * this way; enqueue-to-start p50 in bench/ went from 3.11-3.25 ms to 2.78
- * (graphile-worker 3.01-3.37 in the same runs), while the drains, whose
- * claims are of ~500 rows, moved little. A prepared CLAIM_SQL itself is not safe:
- * on a connection that had claimed from an empty queue a few times, Postgres
- * switched it to the generic plan made for that empty table, a nested loop
- * over a scan of all of outlive.tasks, and when a burst of 20,000 tasks
- * arrived each claim of 500 took ~1 s until an ANALYZE replaced the plan.
- * The function makes its plan generic from the first call and with
- * sequential scans priced out, so it is the index plan on a table of any
- * size (test/claim.test.ts claims such a burst and counts rows scanned).
+ * Named, so a connection parses and plans it once; CLAIM_SQL itself is not
+ * prepared, because Postgres may switch a prepared statement to a generic
+ * plan made while the table was empty, a scan of all of outlive.tasks. The
+ * function makes its plan generic from the first call with sequential scans
+ * priced out, so it is the index plan on a table of any size
+ * (test/claim.test.ts; the costs in docs/benchmarks.md, "What the Postgres
+ * CPU buys").
  */
 const CLAIM_CALL_SQL = 'SELECT * FROM outlive.claim_tasks($1, $2, $3, $4, $5, $6, $7, $8, $9)';
 

@@ -206,11 +206,10 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // while nothing has happened since a claim that began at that count came
   // back short; counting, not a flag, so that what happens while a claim is
   // in flight (a settle committing, a NOTIFY) is not lost when it returns.
-  // Tasks with flow control are claimed for free handlers only, so a claim
-  // that got all of them it could take may have left more ready: the pass
-  // then claims again as soon as a handler frees.
   let readyCount = 0;
   let dryAt = -1;
+  // A claim takes tasks with flow control only for free handlers
+  // (ClaimRequest.governedLimit): one that got its cap may have left more.
   let governedMore = false;
   const dry = () => dryAt === readyCount && !governedMore;
   const settler = new Settler(
@@ -271,16 +270,8 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   const bufferLimit = () => {
     if (prefetch === 0) return 0;
     if (avgHandlerMs === null) return Math.min(prefetch, concurrency);
-    // Measured here (2 cores, PostgreSQL 15, no-op tasks, concurrency 10, a
-    // machine shared with other work): claims of 10 rows drained 10,000 tasks
-    // in 7.8 s, of 25 in 4.4 s, of 50 in 3.2 s; 20,000 tasks ran at 6.5-12k
-    // tasks/s with claims of 55 (prefetch 100) and 6.2-19.7k with claims of
-    // 245 (prefetch 500). Every claim and every settle is a commit.
-    // With prefetch 1,000 and claims only once half the room is free (below),
-    // claims average ~500 rows and settles ~400: 100,000 no-op tasks drained
-    // at 34-37k tasks/s with Postgres CPU 29-33 ms per 1,000 tasks, against
-    // 27k and 42 ms with prefetch 500 and a claim whenever 5 slots were free
-    // (bench drain-1, 3 rounds each).
+    // As many as the handlers start in a quarter of the lease grace: claims
+    // of ~500 rows in a drain (docs/benchmarks.md, "What the Postgres CPU buys").
     return Math.max(0, Math.min(prefetch, Math.floor((concurrency * staleAfterMs) / 2 / Math.max(1, avgHandlerMs))));
   };
   const fill = () => {
@@ -304,10 +295,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // returns; a database error there fails the pass like any other, after its
   // claimed tasks have run and settled. Before, the task that woke a worker's
   // pass due to recover (once per poll interval) waited for recovery's three
-  // round trips. bench/ latency phase (200 tasks 20 ms apart, idle worker),
-  // 8 samples each side, alternating builds: p50 2.76-3.54 ms (median 3.28)
-  // against 3.25-3.72 (3.35), p99 5.21-8.46 (7.0) against 6.50-10.5 (7.6);
-  // the rest of the tail is elsewhere.
+  // round trips (docs/benchmarks.md, run G and after).
   // First the pass says which task names it knows (one statement, writing a
   // name at most once a minute), then recovers.
   const names = [...registry.keys()];
@@ -331,16 +319,11 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   );
   try {
     // Claim in batches of at least half the slots and half the room (slots
-    // plus prefetch), so a busy pass does not pay one claim per finished
-    // task: the cost of a claim or settle is mostly per statement up to a
-    // few hundred rows (measured on claim and settle of 100,000 tasks in
-    // one connection: Postgres CPU 50 ms per 1,000 tasks in batches of 50,
-    // 36 in batches of 250, 33 in batches of 500).
+    // plus prefetch): a claim or settle costs mostly per statement up to a
+    // few hundred rows (docs/benchmarks.md, "What the Postgres CPU buys").
     const minBatch = Math.max(1, Math.floor(concurrency / 2));
-    // Tasks with flow control are claimed only for free handlers, never into
-    // the buffer (see ClaimRequest.governedLimit), and soon after one frees:
-    // a fair turn waits for the next such claim (docs/benchmarks.md, "Flow
-    // control").
+    // Tasks with flow control go to handlers as they free, not in batches: a
+    // fair turn waits for the next such claim.
     const governedBatch = Math.max(1, Math.floor(concurrency / 10));
 
     for (;;) {
@@ -400,10 +383,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         for (const row of rows) if (row.fair_key != null) governed++;
         if (short) dryAt = seen;
         else if (wantPlain || governed < rows.length) dryAt = -1;
-        // The claim gives governed tasks the first half of its limit (up to
-        // their cap), and the rest if the others leave room: fewer than that
-        // means none more were ready.
-        if (governedLimit > 0) governedMore = governed >= Math.min((limit + 1) >> 1, governedLimit) && !(short && governed < governedLimit);
+        if (governedLimit > 0) governedMore = governed === governedLimit;
         for (const row of rows) buffer.push({ row, at });
         fill();
         // A full batch means there may be more: claim again while there is
