@@ -188,27 +188,28 @@ describe('per-key concurrency', () => {
     expect(next).toEqual([b.id]);
   });
 
-  it('claims that write new keys never wait on each other, so they cannot deadlock, even writing keys twice in one transaction', async () => {
+  it('claims that write the same new keys wait in key order and cannot deadlock, with claim_tasks calling the governed claim twice in one transaction', async () => {
     const db = await freshDb();
     const mk = (name: string) => defineTask({ name, input: z.object({ k: z.string() }), limits: [{ key: (i) => i.k, concurrency: 100 }], run: () => undefined });
     // A's first look (24 rows for a claim of 1) finds keys a and c; its second, b too. B's finds b and c.
     await enqueueMany(db.pool, mk('dl.x'), [...Array.from({ length: 24 }, (_, n) => ({ k: n % 2 ? 'c' : 'a' })), { k: 'b' }]);
     await enqueueMany(db.pool, mk('dl.y'), [{ k: 'b' }, { k: 'c' }]);
-    const call = (names: string) =>
-      `SELECT id FROM outlive.claim_governed(NULL, 60000, NULL, 1, 'dl', 1000, 30000, ARRAY['${names}'])`;
+    // As claim_tasks calls it: keys written in the first call of a transaction only.
+    const call = (names: string, writeKeys: boolean) =>
+      `SELECT id FROM outlive.claim_governed(NULL, 60000, NULL, 1, 'dl', 1000, 30000, ARRAY['${names}'], ${writeKeys})`;
     const [a, b] = [await db.pool.connect(), await db.pool.connect()];
     try {
       await a.query('BEGIN');
       await b.query('BEGIN');
-      expect((await a.query(call('dl.x'))).rows).toHaveLength(1);
-      // B writes b, then finds c being written by A: it must not wait for A.
-      const second = b.query(call('dl.y')).then((r) => r.rows.length, (e: Error) => e);
+      expect((await a.query(call('dl.x', true))).rows).toHaveLength(1);
+      // B writes b, then waits for A's uncommitted c.
+      const second = b.query(call('dl.y', true)).then((r) => r.rows.length, (e: Error) => e);
       await new Promise((r) => setTimeout(r, 300));
-      // A's second claim in the same transaction (claim_tasks makes one) reaches b.
-      const third = await a.query(call('dl.x')).then((r) => r.rows.length, (e: Error) => e);
+      // A's second claim in the same transaction reaches b's rows: it must not wait for B.
+      const third = await a.query(call('dl.x', false)).then((r) => r.rows.length, (e: Error) => e);
       expect(third).toBe(1);
-      expect(await second).toBe(1);
       await a.query('COMMIT');
+      expect(await second).toBe(1);
       await b.query('COMMIT');
     } finally {
       a.release();

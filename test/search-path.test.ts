@@ -382,7 +382,7 @@ describe('the functions outlive defines', () => {
     expect(functions.map((f) => f.fn)).toEqual([
       'outlive.claim(timestamp with time zone,integer,text[],integer,text,integer,integer)',
       'outlive.claim(timestamp with time zone,integer,text[],integer,text,integer,integer,text[])',
-      'outlive.claim_governed(timestamp with time zone,integer,text[],integer,text,integer,integer,text[])',
+      'outlive.claim_governed(timestamp with time zone,integer,text[],integer,text,integer,integer,text[],boolean)',
       'outlive.claim_tasks(timestamp with time zone,integer,text[],integer,text,integer,integer,text[],integer)',
       'outlive.enqueue_keyed(text,text,integer,integer,integer,timestamp with time zone,text[],text[],text[],text[],boolean)',
       'outlive.fair_start(text,text)',

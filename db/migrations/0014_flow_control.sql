@@ -249,7 +249,7 @@ $release$;
 -- statement: jit is off. Claim of 50 with 50,000 ready: 8-9 ms.
 CREATE FUNCTION "outlive"."claim_governed"(
   now_at timestamptz, max_timeout_ms integer, queues text[], claim_limit integer,
-  owner text, lease_grace_ms integer, lease_ms integer, names text[]
+  owner text, lease_grace_ms integer, lease_ms integer, names text[], write_keys boolean
 ) RETURNS TABLE (
   id text, name text, queue text, input jsonb, attempts integer, max_attempts integer, timeout_ms integer, run_id text,
   fair_key text, limits jsonb
@@ -327,14 +327,14 @@ BEGIN
     woken := woken || w.lkey;
   END LOOP;
 
-  -- 3. The keys of the rows next in turn that have no key row yet get one.
-  --    A key another transaction is writing is left to it (its rows wait
-  --    for the next claim): ON CONFLICT would wait for that transaction,
-  --    and two claims that each wait for a key the other wrote deadlock
-  --    (claim_tasks may call this twice in one transaction, so writing in
-  --    key order cannot prevent it). The advisory lock says who writes a
-  --    key; existing keys are found by key (= ANY), never by a join a
-  --    generic plan could make a walk of every key.
+  -- 3. The keys of the rows next in turn that have no key row yet get one,
+  --    in key order, before any key is locked, and only in the first call
+  --    of a transaction (write_keys): ON CONFLICT waits for another claim
+  --    writing the same key, and writes in one key order per transaction
+  --    cannot wait in a cycle. Rows whose keys are not written yet wait for
+  --    the next claim. Existing keys are found by key (= ANY), never by a
+  --    join a generic plan could make a walk of every key.
+  IF write_keys THEN
   cand := ARRAY(
     SELECT DISTINCT x->>'k' FROM (
       SELECT t.limits AS tl FROM outlive.tasks t
@@ -348,11 +348,8 @@ BEGIN
   cand := ARRAY(SELECT k FROM unnest(cand) k
                 WHERE k <> ALL (ARRAY(SELECT l.key FROM outlive.limits l WHERE l.key = ANY (cand))));
   IF cardinality(cand) > 0 THEN
-    INSERT INTO outlive.limits (key)
-    SELECT m.k FROM (SELECT k FROM unnest(cand) k OFFSET 0) m
-    WHERE pg_try_advisory_xact_lock(1869968492, hashtext(m.k))
-    ORDER BY 1
-    ON CONFLICT (key) DO NOTHING;
+    INSERT INTO outlive.limits (key) SELECT k FROM unnest(cand) k ORDER BY 1 ON CONFLICT (key) DO NOTHING;
+  END IF;
   END IF;
 
   -- 4. Admit in turn.
@@ -510,7 +507,7 @@ BEGIN
   END IF;
   IF governed THEN
     share := least((claim_limit + 1) / 2, cap);
-    RETURN QUERY SELECT * FROM outlive.claim_governed(now_at, max_timeout_ms, queues, share, owner, lease_grace_ms, lease_ms, names);
+    RETURN QUERY SELECT * FROM outlive.claim_governed(now_at, max_timeout_ms, queues, share, owner, lease_grace_ms, lease_ms, names, true);
     GET DIAGNOSTICS got = ROW_COUNT;
   END IF;
   -- A claim sized to free handlers is often all governed: no plain claim of 0.
@@ -520,7 +517,7 @@ BEGIN
   GET DIAGNOSTICS n = ROW_COUNT;
   IF governed AND got = share AND got < cap AND got + n < claim_limit THEN
     RETURN QUERY SELECT * FROM outlive.claim_governed(now_at, max_timeout_ms, queues,
-      least(claim_limit - got - n, cap - got), owner, lease_grace_ms, lease_ms, names);
+      least(claim_limit - got - n, cap - got), owner, lease_grace_ms, lease_ms, names, false);
   END IF;
 END;
 $tasks$;

@@ -86,7 +86,7 @@ export const FUNCTION_CALLERS: Readonly<Record<string, readonly Kind[]>> = {
   'claim(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.text[])': ['worker'],
   'claim(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4)': ['worker'],
   'claim_tasks(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4)': ['worker'],
-  'claim_governed(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.text[])': ['worker'],
+  'claim_governed(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.text[], pg_catalog.bool)': ['worker'],
   'release_slots(pg_catalog.jsonb, pg_catalog.timestamptz)': ['worker', 'dashboard'],
   'fair_start(pg_catalog.text, pg_catalog.text)': ['app', 'worker'],
   'enqueue_keyed(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.int4, pg_catalog.timestamptz, pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.bool)': ['app', 'worker'],
