@@ -27,7 +27,11 @@ const rated = defineTask({
   name: 'rated',
   input: z.object({ n: z.number() }),
   retry: { maxAttempts: 3 },
-  limits: [{ key: 'five', concurrency: 5 }, { key: 'rate', rate: { limit: 4, periodMs: 10_000 }, cost: (i) => 1 + (i.n % 2) }],
+  limits: [
+    { key: 'five', concurrency: 5 },
+    { key: 'rate', rate: { limit: 4, periodMs: 10_000 }, cost: (i) => 1 + (i.n % 2) },
+    { key: 'spread', rate: { limit: 6, periodMs: 12_000, burst: 2 }, cost: (i) => 1 + (i.n % 2) },
+  ],
   run: noop,
 });
 const tenant = defineTask({
@@ -39,7 +43,7 @@ const tenant = defineTask({
   run: noop,
 });
 const CONCURRENCY: Record<string, number> = { one: 1, five: 5, 'c:a': 2, 'c:b': 2, 'c:c': 2 };
-const RATE = { key: 'rate', limit: 4, periodMs: 10_000 };
+const RATES = [{ key: 'rate', limit: 4, periodMs: 10_000, burst: null }, { key: 'spread', limit: 6, periodMs: 12_000, burst: 2 }];
 
 type Op =
   | { kind: 'claim'; pass: number; limit: number }
@@ -97,7 +101,7 @@ describe('flow control invariants', () => {
                   });
                   for (const t of got) {
                     held.push({ ...t, owner });
-                    for (const l of t.limits ?? []) if (l.k === RATE.key) starts.push({ key: l.k, at: at.getTime(), cost: l.c ?? 1, id: t.id, attempt: t.attempts });
+                    for (const l of t.limits ?? []) if (l.r !== undefined) starts.push({ key: l.k, at: at.getTime(), cost: l.c ?? 1, id: t.id, attempt: t.attempts });
                   }
                 } else if (o.kind === 'settle' && held.length > 0) {
                   const [t] = held.splice(o.pick % held.length, 1);
@@ -112,8 +116,7 @@ describe('flow control invariants', () => {
                   const rows = await settle(pool, t!.owner, [outcome], at);
                   // A hand-back's rate start never happened.
                   if (rows.length && o.as === 'released') {
-                    const k = starts.findIndex((s) => s.id === t!.id && s.attempt === t!.attempts);
-                    if (k >= 0) starts.splice(k, 1);
+                    for (let k = starts.length - 1; k >= 0; k--) if (starts[k]!.id === t!.id && starts[k]!.attempt === t!.attempts) starts.splice(k, 1);
                   }
                 } else if (o.kind === 'stale' && lost.length > 0) {
                   const t = lost[o.pick % lost.length]!;
@@ -144,12 +147,23 @@ describe('flow control invariants', () => {
               if (CONCURRENCY[k.key] !== undefined) expect(k.running, `key ${k.key}`).toBeLessThanOrEqual(CONCURRENCY[k.key]!);
             }
           }
-          // No window of the period held more than the limit (by the claims' times).
-          const times = starts.sort((a, b) => a.at - b.at);
-          for (let i = 0; i < times.length; i++) {
-            let used = 0;
-            for (let j = i; j < times.length && times[j]!.at < times[i]!.at + RATE.periodMs; j++) used += times[j]!.cost;
-            expect(used).toBeLessThanOrEqual(RATE.limit);
+          // No window of the period held more than the limit (by the claims' times), and a
+          // burst's starts were spread: any stretch of time holds at most the burst plus one
+          // unit per emission interval (periodMs / limit).
+          for (const rate of RATES) {
+            const times = starts.filter((x) => x.key === rate.key).sort((a, b) => a.at - b.at);
+            for (let i = 0; i < times.length; i++) {
+              let used = 0;
+              for (let j = i; j < times.length && times[j]!.at < times[i]!.at + rate.periodMs; j++) used += times[j]!.cost;
+              expect(used, `key ${rate.key}`).toBeLessThanOrEqual(rate.limit);
+              if (rate.burst === null) continue;
+              let run = 0;
+              for (let j = i; j < times.length; j++) {
+                run += times[j]!.cost;
+                const allowed = (times[j]!.at - times[i]!.at) / (rate.periodMs / rate.limit) + Math.max(rate.burst, 2);
+                expect(run, `key ${rate.key}, starts ${i}..${j}`).toBeLessThanOrEqual(allowed + 1e-9);
+              }
+            }
           }
         } finally {
           await Promise.all(raw.map(closePool));

@@ -27,6 +27,7 @@ import {
   tick,
 } from '../src/index.js';
 import { claim } from '../src/pass/claim.js';
+import { readKeyStates } from '../src/admin/queries.js';
 import { closePool, freshDb, passExecutor, type TestDb } from './support/db.js';
 
 /** A clock the tests move by hand: rows are claimed and settled at these times. */
@@ -285,6 +286,30 @@ describe('per-key concurrency', () => {
     expect(await db.rows(`SELECT state::text FROM outlive.tasks WHERE state <> 'succeeded'`)).toEqual([]);
   });
 
+  it('a worker wakes when a rate lets the next start go, not at its next poll', async () => {
+    const db = await freshDb();
+    const { createWorker } = await import('../src/node/index.js');
+    const starts: number[] = [];
+    const paced = defineTask({
+      name: 'paced',
+      input: z.object({ n: z.number() }),
+      limits: [{ key: 'pace', rate: { limit: 4, periodMs: 1_000, burst: 1 } }],
+      run: () => void starts.push(performance.now()),
+    });
+    await enqueueMany(db.pool, paced, Array.from({ length: 4 }, (_, n) => ({ n })));
+    const quiet = { info: () => undefined, warn: () => undefined, error: () => undefined };
+    const worker = createWorker({ connectionString: db.url, tasks: [paced], pollIntervalMs: 600_000, logger: quiet });
+    await worker.start();
+    try {
+      for (let i = 0; i < 100 && starts.length < 4; i++) await new Promise((r) => setTimeout(r, 50));
+    } finally {
+      await worker.stop();
+    }
+    expect(starts).toHaveLength(4);
+    // 250 ms apart: spread by the burst of 1, each woken by its key's time.
+    for (let i = 1; i < starts.length; i++) expect(starts[i]! - starts[i - 1]!).toBeGreaterThan(200);
+  });
+
   it('wakes the tasks waiting for a key in the claim’s order: a task of higher priority does not wait behind the backlog', async () => {
     const db = await freshDb();
     const task = defineTask({ name: 'prio', input: z.object({ n: z.number() }), limits: [{ key: 'pk', concurrency: 1 }], run: () => undefined });
@@ -327,6 +352,49 @@ describe('rate limits', () => {
     expect(await started(60_001)).toBe(3);
     expect(await started(60_002)).toBe(0);
     expect(await started(120_002)).toBe(1);
+  });
+
+  it('spreads starts over the period with a burst, one emission interval per unit of cost, and says when the next fits', async () => {
+    const db = await freshDb();
+    const task = defineTask({ name: 'spread', input: z.object({ n: z.number() }), limits: [{ key: 's', rate: { limit: 3, periodMs: 60_000, burst: 1 } }], run: () => undefined });
+    await enqueueMany(db.pool, task, Array.from({ length: 5 }, (_, n) => ({ n })));
+    const started = async (ms: number) => (await tick(db.pool, { tasks: [task], now: at(ms) })).claimed;
+    // 3 a minute, one at a time: 20 s apart, never the window's three at once.
+    expect(await started(0)).toBe(1);
+    expect((await keyRow(db, 's'))!.wake_at?.getTime()).toBe(at(20_000).getTime());
+    const [status] = await readKeyStates(passExecutor(db.pool), [{ key: 's' }], { now: at(5_000) });
+    expect(status).toMatchObject({ rate: { limit: 3, periodMs: 60_000, burst: 1 }, windowUsed: 1, nextStartAt: at(20_000) });
+    expect(await started(19_999)).toBe(0);
+    expect(await started(20_000)).toBe(1);
+    // Late by 15 s: the lateness is not saved up for a burst.
+    expect(await started(55_000)).toBe(1);
+    expect(await started(74_999)).toBe(0);
+    expect(await started(75_000)).toBe(1);
+  });
+
+  it('a burst lets that much cost start back to back, then spaces the rest by their cost, inside the window', async () => {
+    const db = await freshDb();
+    const task = defineTask({
+      name: 'spread-tokens',
+      input: z.object({ est: z.number() }),
+      // 600 ms per token; 40 tokens may go back to back.
+      limits: [{ key: 'tk', rate: { limit: 100, periodMs: 60_000, burst: 40 }, cost: (i) => i.est }],
+      run: () => undefined,
+    });
+    await enqueueMany(db.pool, task, [{ est: 20 }, { est: 20 }, { est: 20 }, { est: 60 }, { est: 20 }]);
+    const started = async (ms: number) => (await tick(db.pool, { tasks: [task], now: at(ms) })).claimed;
+    expect(await started(0)).toBe(2);
+    expect(await started(11_999)).toBe(0);
+    expect(await started(12_000)).toBe(1);
+    // 60 tokens, above the burst, may go only with nothing ahead of it (at 36 s); a start of 20 that fits goes past it (at 24 s).
+    expect(await started(23_999)).toBe(0);
+    expect(await started(24_000)).toBe(1);
+    // Then the spacing allows it at 48 s, but the window does not: 80 tokens started since 0, and 80 + 60 > 100 until 0's leave it.
+    expect(await started(48_000)).toBe(0);
+    const [status] = await readKeyStates(passExecutor(db.pool), [{ key: 'tk' }], { now: at(48_000) });
+    expect(status).toMatchObject({ windowUsed: 80, nextCost: 60, nextStartAt: at(60_000) });
+    expect(await started(59_999)).toBe(0);
+    expect(await started(60_000)).toBe(1);
   });
 
   it('reserves the estimated cost at the claim and corrects it with the reported cost at the settle', async () => {
@@ -520,6 +588,10 @@ describe('bad input', () => {
     expect(make([{ key: 'a', concurency: 2 }])).toThrow(/unknown option\(s\) concurency/);
     expect(make([{ key: '', concurrency: 1 }])).toThrow(/key must be a non-empty string/);
     expect(make([{ key: 'a', concurrency: 1, cost: 3 }])).toThrow(/cost counts against a rate: give rate too/);
+    expect(make([{ key: 'a', rate: { limit: 60, periodMs: 60_000, spread: true } }])).toThrow(
+      new ConfigError('outlive: task "bad": limits[0].rate has unknown option(s) spread: use limit, periodMs, burst'),
+    );
+    expect(make([{ key: 'a', rate: { limit: 60, periodMs: 60_000, burst: 0 } }])).toThrow(/rate\.burst must be a number > 0/);
     const db = await freshDb();
     const keyed = defineTask({ name: 'keyed', input: z.object({ c: z.string() }), limits: [{ key: (i) => i.c, concurrency: 1 }], run: () => undefined });
     await expect(enqueue(db.pool, keyed, { c: '' })).rejects.toThrow(/limits\[0\]\.key must be a non-empty string/);

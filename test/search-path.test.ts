@@ -387,6 +387,7 @@ describe('the functions outlive defines', () => {
       'outlive.enqueue_keyed(text,text,integer,integer,integer,timestamp with time zone,text[],text[],text[],text[],boolean)',
       'outlive.fair_start(text,text)',
       'outlive.notify_ready()',
+      'outlive.rate_next_start(jsonb,double precision,double precision,double precision,double precision,double precision)',
       'outlive.release_slots(jsonb,timestamp with time zone)',
     ]);
     for (const f of functions) expect(f.config, f.fn).toContain('search_path=pg_catalog, pg_temp');

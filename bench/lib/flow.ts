@@ -568,9 +568,10 @@ function longRun(points: readonly { at: number; w: number }[], periodMs: number,
 }
 
 /**
- * rate: `rateProcesses` createWorker processes run three tasks from
+ * rate: `rateProcesses` createWorker processes run five tasks from
  * backlogs: `rpm` (key rpm, rateRpm starts per period), `tpm` (key tpm,
- * rateTpm tokens per period, each task's estimate its cost) and `provider`
+ * rateTpm tokens per period, each task's estimate its cost), `rpm-spread`
+ * and `tpm-spread` (the same rates with `burst: 1`), and `provider`
  * (key provider, concurrency 5), one of whose handlers, enqueued at
  * rate429AtMs ahead of the others, throws a 429 with a Retry-After. Claim
  * times are the tasks' started_at (the claim's clock, which the limit
@@ -624,29 +625,34 @@ export async function rate(ctx: Context, system: SystemName): Promise<PhaseResul
     const by = (name: string, cost: boolean) => claims.filter((c) => c.name === name).map((c) => ({ at: Number(c.at), w: cost ? Number(c.cost) : 1 }));
     const byHandler = (key: string, cost: boolean) => handler.filter((s) => s[0] === key).map((s) => ({ at: s[1], w: cost ? s[2] : 1 }));
     const m: Record<string, number> = {};
-    const rpm = by('rpm', false);
-    const tpm = by('tpm', true);
     m.rpmLimit = f.rateRpm;
     m.tpmLimit = f.rateTpm;
-    m.rpmMax = maxInWindow(rpm, f.ratePeriodMs);
-    m.tpmMax = maxInWindow(tpm, f.ratePeriodMs);
-    m.rpmMaxHandler = maxInWindow(byHandler('rpm', false), f.ratePeriodMs);
-    m.tpmMaxHandler = maxInWindow(byHandler('tpm', true), f.ratePeriodMs);
-    const rpmLong = longRun(rpm, f.ratePeriodMs, stopAt);
-    const tpmLong = longRun(tpm, f.ratePeriodMs, stopAt);
-    m.rpmLongRun = rpmLong.perPeriod;
-    m.tpmLongRun = tpmLong.perPeriod;
-    m.rpmLongRunRatio = rpmLong.perPeriod / f.rateRpm;
-    m.tpmLongRunRatio = tpmLong.perPeriod / f.rateTpm;
-    m.periods = Math.min(rpmLong.periods, tpmLong.periods);
-    const notes = [
-      `${f.rateProcesses} processes (createWorker, concurrency ${f.rateConcurrency}) for ${fmt((stopAt - goAt) / 1000)} s; period ${f.ratePeriodMs / 1000} s`,
-      `rpm: most claimed in any ${f.ratePeriodMs / 1000} s window ${m.rpmMax} (limit ${f.rateRpm}; by handler start ${m.rpmMaxHandler}); ` +
-        `long run ${fmt(m.rpmLongRun)} per period over ${rpmLong.periods} whole period(s) (${fmt(m.rpmLongRunRatio * 100)} % of the limit)`,
-      `tpm: most tokens claimed in any window ${fmt(m.tpmMax)} (limit ${f.rateTpm.toLocaleString('en-US')}; by handler start ${fmt(m.tpmMaxHandler)}); ` +
-        `long run ${fmt(m.tpmLongRun)} per period over ${tpmLong.periods} whole period(s) (${fmt(m.tpmLongRunRatio * 100)} %)`,
-    ];
-    const goals = m.rpmMax <= f.rateRpm && m.tpmMax <= f.rateTpm && m.rpmLongRunRatio >= 0.95 && m.tpmLongRunRatio >= 0.95;
+    const notes = [`${f.rateProcesses} processes (createWorker, concurrency ${f.rateConcurrency}) for ${fmt((stopAt - goAt) / 1000)} s; period ${f.ratePeriodMs / 1000} s`];
+    let goals = true;
+    let wholePeriods = Infinity;
+    // rpm and tpm admit a window's allowance at once; rpm-spread and tpm-spread the same rates with `burst: 1`.
+    for (const [key, name, tokens, limit] of [
+      ['rpm', 'rpm', false, f.rateRpm], ['tpm', 'tpm', true, f.rateTpm], ['rpmSpread', 'rpm-spread', false, f.rateRpm], ['tpmSpread', 'tpm-spread', true, f.rateTpm],
+    ] as const) {
+      const claimed = by(name, tokens);
+      const started = byHandler(name, tokens);
+      const long = longRun(claimed, f.ratePeriodMs, stopAt);
+      m[`${key}Max`] = maxInWindow(claimed, f.ratePeriodMs);
+      m[`${key}MaxHandler`] = maxInWindow(started, f.ratePeriodMs);
+      m[`${key}LongRun`] = long.perPeriod;
+      m[`${key}LongRunRatio`] = long.perPeriod / limit;
+      wholePeriods = Math.min(wholePeriods, long.periods);
+      goals &&= m[`${key}Max`]! <= limit && m[`${key}LongRunRatio`]! >= 0.95;
+      // A provider that enforces its minute per second: the most in any period / limit (one start's share).
+      const spacing = f.ratePeriodMs / f.rateRpm;
+      if (!tokens) m[`${key}MaxHandlerShort`] = maxInWindow(started, spacing);
+      notes.push(
+        `${name}: most ${tokens ? 'tokens ' : ''}claimed in any ${f.ratePeriodMs / 1000} s window ${fmt(m[`${key}Max`]!)} (limit ${limit.toLocaleString('en-US')}; ` +
+          `by handler start ${fmt(m[`${key}MaxHandler`]!)}${tokens ? '' : `; most handler starts in any ${fmt(spacing / 1000)} s ${m[`${key}MaxHandlerShort`]}`}); ` +
+          `long run ${fmt(long.perPeriod)} per period over ${long.periods} whole period(s) (${fmt(m[`${key}LongRunRatio`]! * 100)} % of the limit)`,
+      );
+    }
+    m.periods = wholePeriods;
     let pauseOk = false;
     if (pause?.until != null && thrownAt !== null) {
       const end = Number(pause.until);
@@ -679,7 +685,9 @@ export async function rate(ctx: Context, system: SystemName): Promise<PhaseResul
       metrics: m,
       notes,
       check: notes.join('; '),
-      ...(m.rpmMax > f.rateRpm || m.tpmMax > f.rateTpm ? { error: `a window held more than the rate: rpm ${m.rpmMax}, tpm ${m.tpmMax}` } : {}),
+      ...(m.rpmMax! > f.rateRpm || m.tpmMax! > f.rateTpm || m.rpmSpreadMax! > f.rateRpm || m.tpmSpreadMax! > f.rateTpm
+        ? { error: `a window held more than the rate: rpm ${m.rpmMax}, tpm ${m.tpmMax}, rpm-spread ${m.rpmSpreadMax}, tpm-spread ${m.tpmSpreadMax}` }
+        : {}),
       ...(pause?.until == null || thrownAt === null ? { error: 'the 429 was not thrown or did not pause its key' } : {}),
     };
   } finally {

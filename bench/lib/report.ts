@@ -160,6 +160,9 @@ export function summarize(record: RunRecord): string {
   flowRow('Rate: rpm long run / limit', 'rate', 'rpmLongRunRatio', '');
   flowRow('Rate: tpm most in a window', 'rate', 'tpmMax', 'tokens');
   flowRow('Rate: tpm long run / limit', 'rate', 'tpmLongRunRatio', '');
+  flowRow('Rate: burst 1, rpm by handler start', 'rate', 'rpmSpreadMaxHandler', 'starts');
+  flowRow('Rate: burst 1, tpm by handler start', 'rate', 'tpmSpreadMaxHandler', 'tokens');
+  flowRow('Rate: burst 1, rpm / tpm long run', 'rate', 'rpmSpreadLongRunRatio', '');
   flowRow('Rate: claims during the 429 pause', 'rate', 'pauseClaims', '');
   if (ran(record, 'claim-cost') && record.options.sizes.flow) {
     for (const v of costVariants(record.options.sizes.flow)) flowRow(`Claim CPU/1k: ${v.id}`, 'claim-cost', `claimCpu_${v.id}`, 'ms');
@@ -508,30 +511,33 @@ function flowSection(record: RunRecord): string {
     const per = `${f.ratePeriodMs / 1000} s`;
     out.push('', '### Rate limits and a 429 (outlive)', '');
     out.push(
-      `${f.rateProcesses} processes (\`createWorker\`, concurrency ${f.rateConcurrency}) run three tasks from backlogs for ${f.rateMs / 1000} s: ` +
-        `\`rpm\` (key rpm, \`rate: { limit: ${f.rateRpm}, periodMs: ${f.ratePeriodMs} }\`), \`tpm\` (key tpm, ${n(f.rateTpm)} tokens per ${per}, each task's estimate, ${n(f.rateEst[0])}–${n(f.rateEst[1])} at random, its cost) ` +
+      `${f.rateProcesses} processes (\`createWorker\`, concurrency ${f.rateConcurrency}) run five tasks from backlogs for ${f.rateMs / 1000} s: ` +
+        `\`rpm\` (key rpm, \`rate: { limit: ${f.rateRpm}, periodMs: ${f.ratePeriodMs} }\`), \`tpm\` (key tpm, ${n(f.rateTpm)} tokens per ${per}, each task's estimate, ${n(f.rateEst[0])}–${n(f.rateEst[1])} at random, its cost), ` +
+        `\`rpm-spread\` and \`tpm-spread\` (the same rates with \`burst: 1\`: each start spaced from the one before by its cost, ${f.ratePeriodMs / f.rateRpm / 1000} s per start for rpm) ` +
         `and \`provider\` (key provider, concurrency ${f.rateProviderConcurrency}, holding ${f.rateProviderHoldMs} ms). ${f.rate429AtMs / 1000} s in, a provider task enqueued ahead of the others throws ` +
         `\`RateLimitedError({ key: 'provider', retryAfterMs: ${f.rateRetryAfterMs} })\` once. Claim times are the rows' \`started_at\` (the clock the claim checks the window by); ` +
         'handler starts are what the provider would see. The long-run rate counts the starts of the whole periods from the first start.',
       '',
     );
     const r = (k: string, d?: number) => c('rate', 'outlive', k, d);
+    const short = `${f.ratePeriodMs / f.rateRpm / 1000} s`;
     out.push(
       table(
-        ['', 'outlive', 'goal'],
+        ['', 'whole window at once (default)', '`burst: 1`', 'goal'],
         [
-          [`rpm: most claims in any ${per} window`, r('rpmMax', 0), `≤ ${f.rateRpm}`],
-          ['rpm: the same by handler start', r('rpmMaxHandler', 0), ''],
-          [`rpm: long-run starts per ${per}`, `${r('rpmLongRun')} (${pct('rate', 'outlive', 'rpmLongRunRatio')})`, `≥ 95 % of ${f.rateRpm}`],
-          [`tpm: most tokens claimed in any ${per} window`, r('tpmMax', 0), `≤ ${n(f.rateTpm)}`],
-          ['tpm: the same by handler start', r('tpmMaxHandler', 0), ''],
-          [`tpm: long-run tokens per ${per}`, `${r('tpmLongRun', 0)} (${pct('rate', 'outlive', 'tpmLongRunRatio')})`, `≥ 95 % of ${n(f.rateTpm)}`],
-          ['whole periods counted', r('periods', 0), ''],
-          [`provider: claims / handler starts during the ${f.rateRetryAfterMs / 1000} s pause`, `${r('pauseClaims', 0)} / ${r('pauseHandlerStarts', 0)}`, '0'],
-          ['provider: first claim after the pause (ms after its end)', r('resumeLagMs', 0), ''],
-          ['provider: starts/s before the pause', r('providerPerSec'), `the key allows ${fmt((f.rateProviderConcurrency * 1000) / f.rateProviderHoldMs, 0)}/s`],
+          [`rpm: most claims in any ${per} window`, r('rpmMax', 0), r('rpmSpreadMax', 0), `≤ ${f.rateRpm}`],
+          ['rpm: the same by handler start', r('rpmMaxHandler', 0), r('rpmSpreadMaxHandler', 0), `≤ ${f.rateRpm}`],
+          [`rpm: most handler starts in any ${short}`, r('rpmMaxHandlerShort', 0), r('rpmSpreadMaxHandlerShort', 0), ''],
+          [`rpm: long-run starts per ${per}`, `${r('rpmLongRun')} (${pct('rate', 'outlive', 'rpmLongRunRatio')})`, `${r('rpmSpreadLongRun')} (${pct('rate', 'outlive', 'rpmSpreadLongRunRatio')})`, `≥ 95 % of ${f.rateRpm}`],
+          [`tpm: most tokens claimed in any ${per} window`, r('tpmMax', 0), r('tpmSpreadMax', 0), `≤ ${n(f.rateTpm)}`],
+          ['tpm: the same by handler start', r('tpmMaxHandler', 0), r('tpmSpreadMaxHandler', 0), `≤ ${n(f.rateTpm)}`],
+          [`tpm: long-run tokens per ${per}`, `${r('tpmLongRun', 0)} (${pct('rate', 'outlive', 'tpmLongRunRatio')})`, `${r('tpmSpreadLongRun', 0)} (${pct('rate', 'outlive', 'tpmSpreadLongRunRatio')})`, `≥ 95 % of ${n(f.rateTpm)}`],
+          ['whole periods counted', r('periods', 0), '', ''],
+          [`provider: claims / handler starts during the ${f.rateRetryAfterMs / 1000} s pause`, `${r('pauseClaims', 0)} / ${r('pauseHandlerStarts', 0)}`, '', '0'],
+          ['provider: first claim after the pause (ms after its end)', r('resumeLagMs', 0), '', ''],
+          ['provider: starts/s before the pause', r('providerPerSec'), '', `the key allows ${fmt((f.rateProviderConcurrency * 1000) / f.rateProviderHoldMs, 0)}/s`],
         ],
-      ).replace('|---|--:|--:|', '|---|--:|---|'),
+      ).replace('|---|--:|--:|--:|', '|---|--:|--:|---|'),
     );
   }
 

@@ -141,22 +141,20 @@ interface RateLog {
 }
 
 function rateTasks(s: RateSettings, log: RateLog | null, marks: Pool | null) {
-  const rpm = outlive.defineTask({
-    name: 'rpm',
-    input: rateInput,
-    limits: [{ key: 'rpm', rate: { limit: s.rpmLimit, periodMs: s.periodMs } }],
-    run: () => {
-      log?.starts.push(['rpm', epochMs(), 1]);
-    },
-  });
-  const tpm = outlive.defineTask({
-    name: 'tpm',
-    input: rateInput,
-    limits: [{ key: 'tpm', rate: { limit: s.tpmLimit, periodMs: s.periodMs }, cost: (i) => i.est ?? 1 }],
-    run: (input) => {
-      log?.starts.push(['tpm', epochMs(), input.est ?? 1]);
-    },
-  });
+  // `-spread` keys: the same rate with a burst of 1, each start spaced by its cost.
+  const rated = (key: string, limit: number, tokens: boolean, burst?: number) =>
+    outlive.defineTask({
+      name: key,
+      input: rateInput,
+      limits: [{ key, rate: { limit, periodMs: s.periodMs, ...(burst === undefined ? {} : { burst }) }, ...(tokens ? { cost: (i: { est?: number }) => i.est ?? 1 } : {}) }],
+      run: (input) => {
+        log?.starts.push([key, epochMs(), tokens ? (input.est ?? 1) : 1]);
+      },
+    });
+  const rpm = rated('rpm', s.rpmLimit, false);
+  const tpm = rated('tpm', s.tpmLimit, true);
+  const rpmSpread = rated('rpm-spread', s.rpmLimit, false, 1);
+  const tpmSpread = rated('tpm-spread', s.tpmLimit, true, 1);
   const provider = outlive.defineTask({
     name: 'provider',
     input: rateInput,
@@ -174,7 +172,7 @@ function rateTasks(s: RateSettings, log: RateLog | null, marks: Pool | null) {
       if (input.hold) await sleep(input.hold);
     },
   });
-  return { rpm, tpm, provider };
+  return { rpm, tpm, rpmSpread, tpmSpread, provider };
 }
 
 /** The claim-cost phase's task: key `k<n>` with concurrency `concurrency`. */
@@ -372,10 +370,10 @@ export const flowOps: Record<string, (args: Record<string, unknown>) => Promise<
   // rate
   async enqueueRate(args) {
     const s = args.settings as RateSettings;
-    const { rpm, tpm, provider } = rateTasks(s, null, null);
+    const { rpm, tpm, rpmSpread, tpmSpread, provider } = rateTasks(s, null, null);
     const [estMin, estMax] = args.est as [number, number];
-    await enqueueChunked(rpm, range(Number(args.rpm)).map((i) => ({ i })));
-    await enqueueChunked(tpm, range(Number(args.tpm)).map((i) => ({ i, est: Math.round(estMin + Math.random() * (estMax - estMin)) })));
+    for (const t of [rpm, rpmSpread]) await enqueueChunked(t, range(Number(args.rpm)).map((i) => ({ i })));
+    for (const t of [tpm, tpmSpread]) await enqueueChunked(t, range(Number(args.tpm)).map((i) => ({ i, est: Math.round(estMin + Math.random() * (estMax - estMin)) })));
     await enqueueChunked(provider, range(Number(args.provider)).map((i) => ({ i, hold: Number(args.hold) })));
   },
   /** The provider task that throws the 429, ahead of the others (priority 10). */
@@ -385,8 +383,8 @@ export const flowOps: Record<string, (args: Record<string, unknown>) => Promise<
   },
   async startRate(args) {
     rateLog = { starts: [], thrownAt: null };
-    const { rpm, tpm, provider } = rateTasks(args.settings as RateSettings, rateLog, must(pool, 'open'));
-    running = await startCreateWorker([rpm, tpm, provider], Number(args.concurrency));
+    const { rpm, tpm, rpmSpread, tpmSpread, provider } = rateTasks(args.settings as RateSettings, rateLog, must(pool, 'open'));
+    running = await startCreateWorker([rpm, tpm, rpmSpread, tpmSpread, provider], Number(args.concurrency));
   },
 
   async stopWorker() {

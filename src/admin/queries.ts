@@ -324,8 +324,8 @@ export interface KeyState {
   concurrency: number | null;
   /** True when `concurrency` is an override set at run time. */
   concurrencySet: boolean;
-  /** The rate in force, overridden or declared; null when it has none. */
-  rate: { limit: number; periodMs: number } | null;
+  /** The rate in force, overridden or declared (its burst as declared, when below the limit); null when it has none. */
+  rate: { limit: number; periodMs: number; burst?: number } | null;
   rateSet: boolean;
   /** What the starts of the last period count against the rate; null without a rate. */
   windowUsed: number | null;
@@ -410,7 +410,8 @@ WITH clock AS (
   SELECT b.*,
          coalesce(b.rate_limit::float8, (b.declared OPERATOR(pg_catalog.->>) 'r')::float8) AS lim,
          coalesce(b.rate_period_ms::float8, (b.declared OPERATOR(pg_catalog.->>) 'p')::float8) AS per,
-         coalesce((b.declared OPERATOR(pg_catalog.->>) 'c')::float8, 1) AS cost
+         coalesce((b.declared OPERATOR(pg_catalog.->>) 'c')::float8, 1) AS cost,
+         (b.declared OPERATOR(pg_catalog.->>) 'b')::float8 AS burst
   FROM base b
 )
 SELECT r.key, r.known, r.running, r.concurrency, coalesce((r.declared OPERATOR(pg_catalog.->>) 'n')::int, r.seen_concurrency) AS declared_concurrency,
@@ -421,25 +422,22 @@ SELECT r.key, r.known, r.running, r.concurrency, coalesce((r.declared OPERATOR(p
             WHEN pg_catalog.isfinite(r.wake_at) THEN 'scheduled' ELSE 'on-release' END AS wake,
        CASE WHEN pg_catalog.isfinite(r.wake_at) THEN r.wake_at END AS wake_at,
        CASE WHEN r.lim IS NOT NULL THEN w.used END AS used,
-       CASE WHEN r.lim IS NOT NULL AND (w.used OPERATOR(pg_catalog.+) r.cost) OPERATOR(pg_catalog.>) r.lim THEN (
-         SELECT z.at OPERATOR(pg_catalog.+) r.per FROM (
-           SELECT (s.e OPERATOR(pg_catalog.->>) 0)::float8 AS at,
-                  pg_catalog.sum((s.e OPERATOR(pg_catalog.->>) 1)::float8) OVER (ORDER BY (s.e OPERATOR(pg_catalog.->>) 0)::float8 ROWS UNBOUNDED PRECEDING) AS freed
-           FROM pg_catalog.jsonb_array_elements(r.starts) AS s(e)
-           WHERE (s.e OPERATOR(pg_catalog.->>) 0)::float8 OPERATOR(pg_catalog.>) (c.now_ms OPERATOR(pg_catalog.-) r.per)) z
-         WHERE ((w.used OPERATOR(pg_catalog.-) z.freed) OPERATOR(pg_catalog.+) r.cost) OPERATOR(pg_catalog.<=) r.lim
-         ORDER BY z.at LIMIT 1) END AS next_ms
+       CASE WHEN r.lim IS NOT NULL THEN r.burst END AS burst,
+       CASE WHEN n.at OPERATOR(pg_catalog.>) c.now_ms AND n.at OPERATOR(pg_catalog.<) 'infinity'::float8 THEN n.at END AS next_ms
 FROM rated r CROSS JOIN clock c
 CROSS JOIN LATERAL (
   SELECT coalesce(pg_catalog.sum((s.e OPERATOR(pg_catalog.->>) 1)::float8), 0) AS used
   FROM pg_catalog.jsonb_array_elements(coalesce(r.starts, '[]'::jsonb)) AS s(e)
   WHERE (s.e OPERATOR(pg_catalog.->>) 0)::float8 OPERATOR(pg_catalog.>) (c.now_ms OPERATOR(pg_catalog.-) r.per)
 ) w
+LEFT JOIN LATERAL (
+  SELECT outlive.rate_next_start(coalesce(r.starts, '[]'::jsonb), r.lim, r.per, r.cost, LEAST(r.burst, r.lim), c.now_ms) AS at
+) n ON r.lim IS NOT NULL
 ORDER BY r.nth`;
 
 interface KeyStateRow {
   key: string; known: boolean; running: number; concurrency: number | null; declared_concurrency: number | null;
-  rate_limit: number | null; lim: number | null; per: number | null; cost: number; waiting: number;
+  rate_limit: number | null; lim: number | null; per: number | null; burst: number | null; cost: number; waiting: number;
   paused: boolean; paused_until: Date | null; paused_reason: string | null; paused_by: 'hand' | '429' | null; used: number | null; next_ms: number | null;
   wake: KeyState['wake']; wake_at: Date | null;
 }
@@ -453,7 +451,7 @@ function toKeyState(r: KeyStateRow, cap: number): KeyState {
     running: r.running,
     concurrency: r.concurrency ?? r.declared_concurrency,
     concurrencySet: r.concurrency !== null,
-    rate: r.lim === null || r.per === null ? null : { limit: r.lim, periodMs: r.per },
+    rate: r.lim === null || r.per === null ? null : { limit: r.lim, periodMs: r.per, ...(r.burst !== null && r.burst < r.lim ? { burst: r.burst } : {}) },
     rateSet: r.rate_limit !== null,
     windowUsed: r.used,
     nextCost: r.cost,

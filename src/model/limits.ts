@@ -30,9 +30,22 @@ export interface Limit<I = unknown> {
   /** At most this many tasks of the key running at once, across every pass. */
   concurrency?: number;
   /** At most `limit` starts (or units of cost) in any window of `periodMs`. */
-  rate?: { limit: number; periodMs: number };
+  rate?: Rate;
   /** What one start counts against `rate` (default 1); correct it at settle with `ctx.reportCost`. */
   cost?: number | ((input: I) => number);
+}
+
+/** A rate: at most `limit` starts (or units of cost) in any window of `periodMs`. */
+export interface Rate {
+  limit: number;
+  periodMs: number;
+  /**
+   * At most this much cost starts back to back; the rest is spread out, one
+   * `periodMs / limit` per unit of cost apart. Default: `limit` (the window's
+   * whole allowance may start at once). `burst: 1` starts a 60-a-minute rate
+   * once a second, as providers that enforce a minute's limit per second expect.
+   */
+  burst?: number;
 }
 
 /** Round-robin between the fairness keys of a queue's ready tasks (weighted with `setWeight`). */
@@ -49,6 +62,8 @@ export interface RowLimit {
   /** Rate: at most `r` in any `p` milliseconds, if declared. */
   r?: number;
   p?: number;
+  /** The rate's burst, if declared below `r`. */
+  b?: number;
   /** This start's cost against the rate. */
   c?: number;
 }
@@ -84,9 +99,12 @@ export function checkFlow(task: string, limits: unknown, fairness: unknown): Flo
     if (l.concurrency === undefined && l.rate === undefined) bad(`${at} needs concurrency or rate`);
     if (l.concurrency !== undefined && !isWhole(l.concurrency, { min: 1, max: 1_000_000 })) bad(`${at}.concurrency must be a whole number from 1 to 1000000`);
     if (l.rate !== undefined) {
-      if (!l.rate || typeof l.rate !== 'object') bad(`${at}.rate must be { limit, periodMs }`);
+      if (!l.rate || typeof l.rate !== 'object') bad(`${at}.rate must be { limit, periodMs, burst? }`);
+      const unknownRate = Object.keys(l.rate).filter((k) => !['limit', 'periodMs', 'burst'].includes(k));
+      if (unknownRate.length) bad(`${at}.rate has unknown option(s) ${unknownRate.join(', ')}: use limit, periodMs, burst`);
       if (!isWhole(l.rate.limit, { min: 1, max: 2 ** 31 - 1 })) bad(`${at}.rate.limit must be a whole number >= 1`);
       if (!isWhole(l.rate.periodMs, { min: 1, max: MAX_PERIOD_MS })) bad(`${at}.rate.periodMs must be a whole number of milliseconds from 1 to ${MAX_PERIOD_MS}`);
+      if (l.rate.burst !== undefined && !validCost(l.rate.burst)) bad(`${at}.rate.burst must be a number > 0 (units of cost that may start back to back)`);
     }
     if (l.cost !== undefined) {
       if (l.rate === undefined) bad(`${at}.cost counts against a rate: give rate too`);
@@ -138,6 +156,7 @@ export function resolveFlow(task: string, flow: Flow, input: unknown): RowFlow {
       if (row.r !== undefined) bad(`key "${key}" is given two rates: one rate per key`);
       row.r = l.rate.limit;
       row.p = l.rate.periodMs;
+      if (l.rate.burst !== undefined && l.rate.burst < l.rate.limit) row.b = l.rate.burst;
       const cost = l.cost === undefined ? 1 : typeof l.cost === 'function' ? call(() => (l.cost as (i: unknown) => number)(input), `limits[${i}].cost`, bad) : l.cost;
       if (!validCost(cost)) bad(`limits[${i}].cost must be a number > 0, got ${String(cost)}`);
       if (cost > l.rate.limit) bad(`a start costing ${cost} can never fit the rate of key "${key}" (${l.rate.limit} per ${l.rate.periodMs} ms)`);

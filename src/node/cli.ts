@@ -778,7 +778,7 @@ function concurrencyCell(s: KeyState): string {
 }
 
 function rateCell(s: KeyState): string {
-  return s.rate === null ? '-' : `${s.rate.limit} per ${formatPeriod(s.rate.periodMs)}${s.rateSet ? ' (set)' : ''}`;
+  return s.rate === null ? '-' : `${s.rate.limit} per ${formatPeriod(s.rate.periodMs)}${s.rate.burst === undefined ? '' : `, burst ${s.rate.burst}`}${s.rateSet ? ' (set)' : ''}`;
 }
 
 function windowCell(s: KeyState, now: Date): string {

@@ -88,6 +88,7 @@ export const FUNCTION_CALLERS: Readonly<Record<string, readonly Kind[]>> = {
   'claim_tasks(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4)': ['worker'],
   'claim_governed(pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.text[], pg_catalog.int4, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.text[], pg_catalog.bool)': ['worker'],
   'release_slots(pg_catalog.jsonb, pg_catalog.timestamptz)': ['worker', 'dashboard'],
+  'rate_next_start(pg_catalog.jsonb, pg_catalog.float8, pg_catalog.float8, pg_catalog.float8, pg_catalog.float8, pg_catalog.float8)': ['worker', 'dashboard'],
   'fair_start(pg_catalog.text, pg_catalog.text)': ['app', 'worker'],
   'enqueue_keyed(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.int4, pg_catalog.timestamptz, pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.bool)': ['app', 'worker'],
 };

@@ -14,7 +14,8 @@ import { checkWhole } from '../model/checks.js';
 import { printable, quoted } from '../model/printable.js';
 import { setMaxListeners } from 'node:events';
 import pg from 'pg';
-import { CLAIM_FUNCTION } from '../pass/claim.js';
+import { CLAIM_FUNCTION, untilKeyWakes } from '../pass/claim.js';
+import { toExecutor } from '../db/executor.js';
 import { Listener } from './listener.js';
 import { ConfigError, toError } from '../model/errors.js';
 import { applyRetention, retentionConfig, type RetentionOptions, type RetentionReport } from '../maintenance/retention.js';
@@ -181,6 +182,8 @@ export function createWorker(options: WorkerOptions): Worker {
 
   const concurrency = whole('concurrency', options.concurrency, 10);
   const pollIntervalMs = whole('pollIntervalMs', options.pollIntervalMs, 2_000);
+  // Keys wake on their own clock only for tasks with flow control; no other worker asks when.
+  const governed = [...registry.values()].some((t) => t.flow !== null);
   const longest = Math.max(...[...registry.values()].map((t) => t.timeoutMs));
   const budgetMs = whole('budgetMs', options.budgetMs, Math.max(300_000, 2 * longest + 5_000));
   // A pass claims a task only while its timeout fits in what is left of the budget.
@@ -241,6 +244,8 @@ export function createWorker(options: WorkerOptions): Worker {
       })
     : null;
   let pollTimer: ReturnType<typeof setTimeout> | undefined;
+  /** When the last pass's keys wake by time (a rate, a pause), in ms; null: at the poll. */
+  let keyWakeMs: number | null = null;
   let clockTimer: ReturnType<typeof setTimeout> | undefined;
   let passing: Promise<void> | null = null;
   const wakeups = new EventTarget();
@@ -285,12 +290,14 @@ export function createWorker(options: WorkerOptions): Worker {
       passing = null;
       if (state === 'running') {
         if (again) wake();
-        else pollTimer = setTimeout(wake, pollIntervalMs);
+        // A few ms late, so the database's clock has passed the key's time.
+        else pollTimer = setTimeout(wake, keyWakeMs === null ? pollIntervalMs : Math.min(pollIntervalMs, Math.max(0, keyWakeMs) + 5));
       }
     });
   }
 
   async function runPasses(): Promise<void> {
+    keyWakeMs = null;
     do {
       again = false;
       let report: TickReport;
@@ -334,6 +341,13 @@ export function createWorker(options: WorkerOptions): Worker {
       }
       // A pass that ran out of budget may have left ready work behind.
       if (report.stoppedBy === 'budget' || report.stoppedBy === 'maxTasks') again = true;
+      if (governed && !again && report.stoppedBy === 'drained') {
+        try {
+          keyWakeMs = await untilKeyWakes(toExecutor(pool!));
+        } catch (err) {
+          log.error(`outlive worker: reading when keys wake: ${toError(err).message}`);
+        }
+      }
     } while (again && state === 'running');
   }
 

@@ -142,3 +142,17 @@ export async function claim(db: Executor, req: ClaimRequest): Promise<ClaimedTas
     throw err;
   }
 }
+
+// The soonest a key with waiting tasks wakes on its own clock (a rate's
+// window or spacing, a pause's end), in ms from the database's now: what a
+// slot given back does not announce. limits_wake_idx answers it in one probe.
+const KEY_WAKE_SQL = `
+SELECT (extract(epoch FROM pg_catalog.min(l.wake_at) OPERATOR(pg_catalog.-) pg_catalog.now()) OPERATOR(pg_catalog.*) 1000)::float8 AS ms
+FROM outlive.limits l
+WHERE l.wake_at OPERATOR(pg_catalog.>) pg_catalog.now() AND l.wake_at OPERATOR(pg_catalog.<) 'infinity'::timestamptz`;
+
+/** Milliseconds until the soonest key wakes by time, or null when none will. */
+export async function untilKeyWakes(db: Executor): Promise<number | null> {
+  const [row] = await db.query<{ ms: number | null }>(KEY_WAKE_SQL, []);
+  return row?.ms ?? null;
+}

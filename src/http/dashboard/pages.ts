@@ -255,7 +255,7 @@ ${data.keys.map((k) => {
   const wait = keyWait(k);
   return html`<tr data-key="${k.key}" data-paused="${k.pause ? 'yes' : 'no'}"><td>${k.key}</td>
 <td class="running">${k.concurrency === null ? html`${k.running} <span class="muted">(no limit)</span>` : html`${k.running} of ${k.concurrency}${k.concurrencySet ? html` <span class="muted">(set)</span>` : ''}`}</td>
-<td>${k.rate ? html`${k.rate.limit} per ${formatPeriod(k.rate.periodMs)}${k.rateSet ? html` <span class="muted">(set)</span>` : ''}` : '-'}</td>
+<td>${k.rate ? html`${k.rate.limit} per ${formatPeriod(k.rate.periodMs)}${k.rate.burst === undefined ? '' : `, burst ${k.rate.burst}`}${k.rateSet ? html` <span class="muted">(set)</span>` : ''}` : '-'}</td>
 <td>${windowUse(k, ctx.now)}</td>
 <td class="paused">${pauseCell(k, ctx.now)}</td>
 <td class="waiting">${k.waitingMore ? `${k.waiting}+` : k.waiting}</td>
