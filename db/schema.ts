@@ -71,7 +71,14 @@ export const tasks = outlive.table(
     output: jsonb('output'),
     /** Attempts started so far (a claim counts one). */
     attempts: integer('attempts').notNull().default(0),
+    /** The attempts it may start: as declared, plus one for each interruption and each snooze (attempts not spent). */
     maxAttempts: integer('max_attempts').notNull(),
+    /** Attempts cut short by their pass (it died or lost its lease), not by the handler: counted apart from maxAttempts. */
+    interruptions: integer('interruptions').notNull().default(0),
+    /** Attempts that said "not yet" (SnoozeError): counted apart from maxAttempts. */
+    snoozes: integer('snoozes').notNull().default(0),
+    /** What the running attempt last said of its progress (`ctx.progress`): `{ done?, total?, note?, at }`. */
+    progress: jsonb('progress'),
     /** When the task may next be claimed: its first run, or its next attempt. */
     runAt: timestamp('run_at', { withTimezone: true }).notNull().defaultNow(),
     /** How long one attempt may take before its AbortSignal fires. */
@@ -161,6 +168,7 @@ export const tasks = outlive.table(
     // A release that counted a success off a row twice fails in the
     // statement that does it, instead of leaving a task no claim can match.
     check('tasks_waiting_on_check', sql`${t.waitingOn} >= 0`),
+    check('tasks_unspent_attempts_check', sql`${t.interruptions} >= 0 AND ${t.snoozes} >= 0 AND ${t.maxAttempts} - ${t.interruptions} - ${t.snoozes} >= 1`),
     // Limits, a turn and a wait belong to governed rows only: a plain row
     // carrying them would be claimed by a claim that ignores them.
     check('tasks_governed_check', sql`${t.fairKey} IS NOT NULL OR (${t.limits} IS NULL AND ${t.vt} IS NULL AND ${t.blockedOn} IS NULL)`),

@@ -27,6 +27,7 @@ export {
   NonRetriableError,
   RetryAfterError,
   RateLimitedError,
+  SnoozeError,
 } from './model/errors.js';
 export { MAX_INPUT_BYTES } from './model/row.js';
 export type { EnqueueOptions, EnqueueManyOptions } from './model/row.js';

@@ -154,12 +154,14 @@ describe('per-key concurrency', () => {
     const stale = await settle(db.pool, 'test-dead', [{ id, runId: null, attempt: 1, governed: true, state: 'succeeded', output: null }], at(10_000));
     expect(stale).toEqual([]);
     expect((await keyRow(db, 'g'))!.running).toBe(0);
-    // Retried, it fails for good: its slot comes back with the settle.
+    // Retried, it fails for good: its slot comes back with the settle. The
+    // recovered attempt was an interruption, so the handler has its 3.
     fail = true;
     await tick(db.pool, { tasks: [task], now: at(20_000) });
     await tick(db.pool, { tasks: [task], now: at(40_000) });
+    await tick(db.pool, { tasks: [task], now: at(60_000) });
     const [row] = await db.rows<{ state: string; attempts: number }>(`SELECT state::text, attempts FROM outlive.tasks WHERE id = $1`, [id]);
-    expect(row).toEqual({ state: 'failed', attempts: 3 });
+    expect(row).toEqual({ state: 'failed', attempts: 4 });
     expect((await keyRow(db, 'g'))!.running).toBe(0);
     // Cancelled while running: the cancel gives the slot back.
     const run = await startRun(db.pool, 'one', { a: step(task, { n: 2 }) });

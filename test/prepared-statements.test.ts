@@ -73,7 +73,7 @@ describe('named statements the connection lost', () => {
     const pool = onePool();
     // The claim is prepared as usual; the settle's name is taken, as on a
     // server connection another client prepared it on.
-    await pool.query(`PREPARE outlive_settle_v4 AS SELECT 1`);
+    await pool.query(`PREPARE outlive_settle_v5 AS SELECT 1`);
     const run = await startRun(pool, 'lost', { a: step(flaky, { fail: true }), b: step(flaky, { fail: false }, { after: ['a'] }) });
     const report = await tick(pool, { tasks: [flaky] });
     expect(report).toMatchObject({ claimed: 1, failed: 1, lostLeases: 0 });

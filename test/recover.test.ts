@@ -35,7 +35,7 @@ function gatedTask(name: string) {
 }
 
 describe('recover', () => {
-  it('hands back a task whose lease expired, counting the dead attempt', async () => {
+  it('hands back a task whose lease expired without spending one of its attempts', async () => {
     await clear();
     const t = defineTask({ name: 'r', input: z.object({}), timeoutMs: 1_000, retry: { maxAttempts: 3 }, run: () => 'done' });
     const { id } = await enqueue(db.pool, t, {});
@@ -48,13 +48,69 @@ describe('recover', () => {
     const r = await recover(db.pool, { now: at(1) });
     expect(r).toMatchObject({ retried: 1, failed: 0 });
     const row = await taskRow(db.pool, id);
-    expect(row).toMatchObject({ state: 'pending', lease_owner: null, attempts: 1 });
+    // Attempt 1 was the pass's fault: the task still has its 3 (attempts 2 to 4).
+    expect(row).toMatchObject({ state: 'pending', lease_owner: null, attempts: 1, max_attempts: 4, interruptions: 1 });
     expect(row.errors[0]).toMatchObject({ attempt: 1, name: 'LeaseExpired' });
+    expect(row.errors[0].message).toMatch(/interruption 1 of 20, not counted as an attempt/);
     expect(new Date(row.run_at).getTime()).toBe(at(1 + 1_000).getTime());
     // The next pass runs it.
     const report = await tick(db.pool, { tasks: [t], now: at(5_000) });
     expect(report).toMatchObject({ claimed: 1, succeeded: 1 });
     expect(await taskRow(db.pool, id)).toMatchObject({ state: 'succeeded', attempts: 2 });
+  });
+
+  /** As a pass that claims the task and dies before settling it, then recovery `ms` later. */
+  async function interrupt(id: string, ms: number) {
+    await db.pool.query(
+      `UPDATE outlive.tasks SET state = 'running', attempts = attempts + 1, lease_owner = 'dead', lease_expires_at = $2 WHERE id = $1 AND state = 'pending'`,
+      [id, at(ms)],
+    );
+    return recover(db.pool, { now: at(ms + 1) });
+  }
+
+  it('faults alone never fail a task: after many interruptions its handler still has every attempt it declared', async () => {
+    await clear();
+    let calls = 0;
+    const t = defineTask({
+      name: 'flaky-once',
+      input: z.object({}),
+      retry: { maxAttempts: 2, backoff: { baseMs: 1 } },
+      run: () => {
+        if (++calls === 1) throw new Error('the handler failed once');
+        return 'done';
+      },
+    });
+    const { id } = await enqueue(db.pool, t, {});
+    for (let i = 0; i < 5; i++) expect(await interrupt(id, i * 10_000_000)).toMatchObject({ retried: 1, failed: 0 });
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'pending', attempts: 5, max_attempts: 7, interruptions: 5 });
+    // The handler fails once (one of its 2) and then succeeds.
+    expect(await tick(db.pool, { tasks: [t], now: at(100_000_000) })).toMatchObject({ claimed: 1, retried: 1 });
+    expect(await tick(db.pool, { tasks: [t], now: at(100_010_000) })).toMatchObject({ claimed: 1, succeeded: 1 });
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'succeeded', attempts: 7, interruptions: 5 });
+  });
+
+  it('a task whose every attempt is cut short still ends: failed after 20 interruptions, with that reason; a retry starts it afresh', async () => {
+    await clear();
+    const t = defineTask({ name: 'killer', input: z.object({}), retry: { maxAttempts: 3 }, run: () => 'never settles here' });
+    const { id } = await enqueue(db.pool, t, {});
+    for (let i = 0; i < 20; i++) expect(await interrupt(id, i * 10_000_000)).toMatchObject({ retried: 1, failed: 0 });
+    expect(await interrupt(id, 20 * 10_000_000)).toMatchObject({ retried: 0, failed: 1 });
+    const row = await taskRow(db.pool, id);
+    expect(row).toMatchObject({ state: 'failed', attempts: 21, max_attempts: 23, interruptions: 20 });
+    expect(row.last_error).toBe('lease expired: the pass running attempt 21 stopped before settling it (interrupted 21 times, more than 20)');
+    const { getTask } = await import('../src/admin/queries.js');
+    expect(await getTask(db.pool, id)).toMatchObject({ attempts: 21, maxAttempts: 23, interruptions: 20 });
+    const { retryTask } = await import('../src/index.js');
+    await retryTask(db.pool, id);
+    expect(await taskRow(db.pool, id)).toMatchObject({ state: 'pending', attempts: 0, max_attempts: 3, interruptions: 0 });
+  });
+
+  it('refuses a row whose interruptions would leave it no attempt of its own', async () => {
+    await clear();
+    const t = defineTask({ name: 'checked', input: z.object({}), retry: { maxAttempts: 2 }, run: () => 'done' });
+    const { id } = await enqueue(db.pool, t, {});
+    await expect(db.pool.query(`UPDATE outlive.tasks SET interruptions = -1 WHERE id = $1`, [id])).rejects.toThrow(/tasks_unspent_attempts_check/);
+    await expect(db.pool.query(`UPDATE outlive.tasks SET interruptions = 2 WHERE id = $1`, [id])).rejects.toThrow(/tasks_unspent_attempts_check/);
   });
 
   it('fails a recovered task that has no attempts left', async () => {
@@ -140,11 +196,11 @@ describe('recover', () => {
     const settled = await completer.query(SETTLE_SQL, [at(1), [id], ['succeeded'], ['{"ok":true}'], [null], [0], [null], 'me', [1]]);
     expect(settled.rows).toHaveLength(1);
     // ...while recovery runs: it skips the locked row instead of waiting or overwriting.
-    expect((await db.pool.query(RECOVER_SQL, [at(10), 100])).rows).toHaveLength(0);
+    expect((await db.pool.query(RECOVER_SQL, [at(10), 100, 20])).rows).toHaveLength(0);
     await completer.query('COMMIT');
     completer.release();
     // And after the commit, the row no longer matches recovery at all.
-    expect((await db.pool.query(RECOVER_SQL, [at(10), 100])).rows).toHaveLength(0);
+    expect((await db.pool.query(RECOVER_SQL, [at(10), 100, 20])).rows).toHaveLength(0);
     expect(await taskRow(db.pool, id)).toMatchObject({ state: 'succeeded', output: { ok: true } });
   });
 
@@ -158,7 +214,7 @@ describe('recover', () => {
     );
     const recoverer = await db.pool.connect();
     await recoverer.query('BEGIN');
-    expect((await recoverer.query(RECOVER_SQL, [at(10), 100])).rows).toHaveLength(1);
+    expect((await recoverer.query(RECOVER_SQL, [at(10), 100, 20])).rows).toHaveLength(1);
     // The completion waits on recovery's row lock, then rechecks its guard.
     const settling = db.pool.query(SETTLE_SQL, [at(11), [id], ['succeeded'], ['{"ok":true}'], [null], [0], [null], 'me', [1]]);
     await new Promise((r) => setTimeout(r, 50));

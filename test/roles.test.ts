@@ -8,6 +8,7 @@
  * Direct connections throughout: the suite's PgBouncer signs every client in
  * as the one user its configuration names.
  */
+import { readFileSync } from 'node:fs';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import pg from 'pg';
 import { afterAll, describe, expect, inject, it } from 'vitest';
@@ -350,6 +351,12 @@ describe('roles of least privilege, each doing its part', () => {
     expect(await refused(asDashboard, `DELETE FROM outlive.tasks WHERE id = $1`, [failed.id])).toMatch(/permission denied for table tasks/);
     expect(await refused(asDashboard, `UPDATE outlive.tasks SET input = '{"n": 0}' WHERE id = $1`, [failed.id])).toMatch(/permission denied for table tasks/);
     expect(await refused(asDashboard, `DELETE FROM outlive.used_nonces`)).toMatch(/permission denied for table used_nonces/);
+  });
+
+  it('is what docs/shared-database.md prints, character for character', () => {
+    const doc = readFileSync(new URL('../docs/shared-database.md', import.meta.url), 'utf8');
+    const printed = doc.slice(doc.indexOf('It prints:\n\n```sql\n') + 'It prints:\n\n```sql\n'.length);
+    expect(printed.slice(0, printed.indexOf('\n```'))).toBe(grants({ app: 'shop_app', worker: 'shop_worker', dashboard: 'shop_ops' }).trimEnd());
   });
 
   it('nobody but the migrator may CREATE in schema outlive', async () => {

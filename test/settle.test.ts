@@ -477,7 +477,7 @@ describe('settle plans', () => {
         `SELECT name, generic_plans::int AS generic FROM pg_prepared_statements WHERE name LIKE 'outlive_%' AND name NOT LIKE 'outlive_claim%' ORDER BY name`,
       );
       // The premise: each settle statement has been running its cached generic plan.
-      expect(cached.map((s) => s.name)).toEqual(['outlive_drop_v4', 'outlive_settle_v4', 'outlive_succeed_v4']);
+      expect(cached.map((s) => s.name)).toEqual(['outlive_drop_v4', 'outlive_settle_v5', 'outlive_succeed_v4']);
       for (const s of cached) expect(s.generic).toBeGreaterThan(0);
 
       // The burst: 20,000 rows running under other passes, 20,000 ready.
@@ -487,7 +487,7 @@ describe('settle plans', () => {
       const mine = await claim(exec, { ...request, limit: 500 });
       expect(mine).toHaveLength(500);
       const a = settleArgs(mine, 'pass');
-      const args: Record<string, string> = { outlive_succeed_v4: a.succeed, outlive_drop_v4: a.drop, outlive_settle_v4: a.settle };
+      const args: Record<string, string> = { outlive_succeed_v4: a.succeed, outlive_drop_v4: a.drop, outlive_settle_v5: a.settle };
       const read: string[] = [];
       for (const [name, values] of Object.entries(args)) {
         await client.query('BEGIN');

@@ -199,6 +199,8 @@ export async function checkAll(pool: pg.Pool, expected: Expected, now: Date): Pr
   const exhausted = (
     await q<{ n: number }>(pool, `SELECT count(*)::int AS n FROM outlive.tasks WHERE state = 'failed' AND name = 'chaos.plain' AND input->>'mode' <> 'fail'`)
   )[0]!.n;
+  // Faults are the pass's, not the handler's: they count against the interruption budget, never maxAttempts.
+  if (exhausted > 0) violations.push(`tasks whose handler never fails, failed for good by faults alone: ${exhausted}`);
   const runsByState = Object.fromEntries(
     (await q<{ state: string; n: number }>(pool, `SELECT state::text, count(*)::int AS n FROM outlive.runs GROUP BY 1`)).map((r) => [r.state, r.n]),
   );

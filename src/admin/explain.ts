@@ -7,7 +7,7 @@ import { nobodyRuns, readKnownTasks, type KnownTasks } from '../pass/known-tasks
 import { heldUntil } from '../pass/recover.js';
 import type { RowLimit } from '../model/limits.js';
 import type { RunState, TaskState } from '../model/states.js';
-import { keyWait, readKeyStates, roomText, type KeyState } from './queries.js';
+import { keyWait, progressText, readKeyStates, roomText, type KeyState, type TaskProgress } from './queries.js';
 
 /** One task of a run, explained. */
 export interface ExplainedTask {
@@ -21,6 +21,8 @@ export interface ExplainedTask {
   /** Steps it still waits for (pending tasks only). */
   waitingFor: string[];
   lastError: string | null;
+  /** What its attempt last said of its progress (`ctx.progress`), with when; null if it said nothing. */
+  progress: TaskProgress | null;
   /** In words: why the task is in this state. */
   why: string;
 }
@@ -43,7 +45,7 @@ SELECT id::text, name, state::text, error, failed_task_id::text, created_at, fin
 FROM outlive.runs WHERE id OPERATOR(pg_catalog.=) $1`;
 
 const TASKS_SQL = `
-SELECT t.id::text, t.step, t.name, t.state::text, t.attempts, t.max_attempts, t.run_at, t.timeout_ms,
+SELECT t.id::text, t.step, t.name, t.state::text, t.attempts, t.max_attempts, t.run_at, t.timeout_ms, t.progress,
        ${heldUntil('t')} AS lease_expires_at, t.last_error,
        CASE WHEN t.state OPERATOR(pg_catalog.=) 'pending' AND t.waiting_on OPERATOR(pg_catalog.>) 0 THEN
          coalesce((SELECT pg_catalog.array_agg(p.step ORDER BY p.id)
@@ -70,6 +72,7 @@ export interface WhyFacts {
   lease_expires_at: Date | null;
   last_error: string | null;
   waiting_for: string[];
+  progress?: TaskProgress | null;
 }
 
 /**
@@ -88,8 +91,10 @@ export function why(t: WhyFacts, now: Date, known: KnownTasks, held: string | nu
       }
       if (held !== null) return held;
       return nobodyRuns(t.name, known, t.timeout_ms) ?? 'ready: waiting for a pass to claim it';
-    case 'running':
-      return `running attempt ${t.attempts} of ${t.max_attempts}, lease until ${t.lease_expires_at?.toISOString() ?? 'unknown'}`;
+    case 'running': {
+      const done = progressText(t.progress);
+      return `running attempt ${t.attempts} of ${t.max_attempts}${done ? ` (${done})` : ''}, lease until ${t.lease_expires_at?.toISOString() ?? 'unknown'}`;
+    }
     case 'succeeded':
       return `succeeded on attempt ${t.attempts}`;
     case 'failed':
@@ -167,7 +172,7 @@ export async function explainRun(db: Database, runId: string, options: { now?: D
   if (!run) return null;
   const rows = await exec.query<{
     id: string; step: string | null; name: string; state: TaskState; attempts: number; max_attempts: number; run_at: Date;
-    timeout_ms: number; lease_expires_at: Date | null; last_error: string | null; waiting_for: string[];
+    timeout_ms: number; lease_expires_at: Date | null; last_error: string | null; waiting_for: string[]; progress: TaskProgress | null;
   } & FlowFacts>(TASKS_SQL, [runId]);
   const known = await readKnownTasks(exec);
   const held = await heldBack(exec, rows, run.now);
@@ -192,6 +197,7 @@ export async function explainRun(db: Database, runId: string, options: { now?: D
       runAt: r.run_at,
       waitingFor: r.waiting_for,
       lastError: r.last_error,
+      progress: r.progress,
       why: why(r, run.now, known, held[i] ?? null),
     })),
   };

@@ -9,6 +9,7 @@ import { nobodyRuns, readKnownTasks } from '../pass/known-tasks.js';
 import { heldUntil } from '../pass/recover.js';
 import { RUN_STATES, TASK_STATES, type RunState, type TaskState } from '../model/states.js';
 import type { RowLimit } from '../model/limits.js';
+import type { Progress } from '../model/task.js';
 
 
 function exec(db: Database): Executor {
@@ -104,6 +105,16 @@ export async function status(db: Database): Promise<StatusReport> {
   };
 }
 
+/** A task's last progress, as `ctx.progress` wrote it. */
+export type TaskProgress = Progress & { at: string };
+
+/** Progress in words: "120 of 1000 pages", "120", "importing". */
+export function progressText(p: TaskProgress | null | undefined): string | null {
+  if (!p) return null;
+  const count = p.done === undefined ? '' : p.total === undefined ? `${p.done}` : `${p.done} of ${p.total}`;
+  return [count, p.note ?? ''].filter((x) => x !== '').join(' ') || null;
+}
+
 /** One task as a list shows it. */
 export interface TaskSummary {
   id: string;
@@ -173,6 +184,10 @@ export interface TaskDetail extends TaskSummary {
   input: unknown;
   output: unknown;
   timeoutMs: number;
+  /** Attempts its passes cut short (died, lost the lease): run again without counting against `maxAttempts`, which grew by as many. */
+  interruptions: number;
+  /** What its attempt last said of its progress (`ctx.progress`), with when. */
+  progress: TaskProgress | null;
   key: string | null;
   leaseOwner: string | null;
   leaseExpiresAt: Date | null;
@@ -188,7 +203,7 @@ export interface TaskDetail extends TaskSummary {
 export async function getTask(db: Database, id: string): Promise<TaskDetail | null> {
   const q = exec(db);
   const [row] = await q.query(
-    `SELECT ${TASK_COLUMNS}, priority, input, output, timeout_ms, key, lease_owner, ${heldUntil('t')} AS lease_expires_at,
+    `SELECT ${TASK_COLUMNS}, priority, input, output, timeout_ms, interruptions, progress, key, lease_owner, ${heldUntil('t')} AS lease_expires_at,
             started_at, updated_at, errors
      FROM outlive.tasks t WHERE id OPERATOR(pg_catalog.=) $1`,
     [id],
@@ -205,6 +220,8 @@ export async function getTask(db: Database, id: string): Promise<TaskDetail | nu
     input: row.input,
     output: row.output ?? null,
     timeoutMs: row.timeout_ms as number,
+    interruptions: row.interruptions as number,
+    progress: (row.progress as TaskProgress | null) ?? null,
     key: (row.key as string | null) ?? null,
     leaseOwner: (row.lease_owner as string | null) ?? null,
     leaseExpiresAt: (row.lease_expires_at as Date | null) ?? null,

@@ -21,7 +21,7 @@ export interface RetryReport {
 
 const RETRY_TASK_SQL = `
 UPDATE outlive.tasks
-SET state = 'pending', attempts = 0, run_at = coalesce($2::timestamptz, pg_catalog.now()), finished_at = NULL, vt = NULL, blocked_on = NULL,
+SET state = 'pending', attempts = 0, max_attempts = max_attempts OPERATOR(pg_catalog.-) interruptions OPERATOR(pg_catalog.-) snoozes, interruptions = 0, snoozes = 0, run_at = coalesce($2::timestamptz, pg_catalog.now()), finished_at = NULL, vt = NULL, blocked_on = NULL,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($2::timestamptz, pg_catalog.now())
 WHERE id OPERATOR(pg_catalog.=) $1 AND run_id IS NULL AND state OPERATOR(pg_catalog.=) ANY (ARRAY['failed', 'cancelled']::outlive.task_state[])
 RETURNING id`;
@@ -34,7 +34,7 @@ WITH locked AS (
   ORDER BY id FOR UPDATE
 )
 UPDATE outlive.tasks t
-SET state = 'pending', attempts = 0, run_at = coalesce($2::timestamptz, pg_catalog.now()), finished_at = NULL, vt = NULL, blocked_on = NULL,
+SET state = 'pending', attempts = 0, max_attempts = max_attempts OPERATOR(pg_catalog.-) interruptions OPERATOR(pg_catalog.-) snoozes, interruptions = 0, snoozes = 0, run_at = coalesce($2::timestamptz, pg_catalog.now()), finished_at = NULL, vt = NULL, blocked_on = NULL,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($2::timestamptz, pg_catalog.now())
 FROM locked WHERE t.id OPERATOR(pg_catalog.=) locked.id
 RETURNING t.id`;

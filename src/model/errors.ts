@@ -50,6 +50,35 @@ export class RetryAfterError extends Error {
   }
 }
 
+/** Longest a task may snooze at once: a day. */
+export const MAX_SNOOZE_MS = 86_400_000;
+
+/**
+ * Thrown by a handler (or by `ctx.snooze`) to say "not yet": the task goes
+ * back to pending for `after` (milliseconds, or until a time) without
+ * spending an attempt. For polling what is not ready yet: a provider's
+ * background job, a DNS record. A task snoozes at most MAX_SNOOZES times
+ * (src/model/task.ts), so a bug cannot loop forever.
+ *
+ * ```ts
+ * const job = await provider.get(jobId);
+ * if (job.status === 'in_progress') throw new SnoozeError(30_000);
+ * ```
+ */
+export class SnoozeError extends Error {
+  readonly retryAt: Date | undefined;
+  readonly delayMs: number | undefined;
+  constructor(after: number | Date, message?: string) {
+    if (after instanceof Date ? Number.isNaN(after.getTime()) : typeof after !== 'number' || !Number.isFinite(after) || after < 0 || after > MAX_SNOOZE_MS) {
+      throw new TypeError(`SnoozeError: give a delay in milliseconds from 0 to ${MAX_SNOOZE_MS}, or a valid Date; got ${String(after)}`);
+    }
+    super(message ?? (after instanceof Date ? `snoozed until ${after.toISOString()}` : `snoozed for ${after} ms`));
+    this.name = 'SnoozeError';
+    if (after instanceof Date) this.retryAt = after;
+    else this.delayMs = after;
+  }
+}
+
 /**
  * Thrown by a handler when a provider refused the call for its rate limit
  * (an HTTP 429): the key is paused for every pass until `retryAfterMs` from

@@ -30,7 +30,7 @@ import { migrate, MIGRATIONS_FOLDER } from './migrate.js';
 import { grants } from './grants.js';
 import { retryRun, retryTask, type RetryReport } from '../admin/retry.js';
 import {
-  formatPeriod, getTask, keyStates, keyWait, listKeys, listRuns, listTasks, pausedQueues, pauseText, roomText, runEdges, status,
+  formatPeriod, getTask, keyStates, keyWait, listKeys, listRuns, listTasks, pausedQueues, pauseText, progressText, roomText, runEdges, status,
   type KeyState, type StatusReport,
 } from '../admin/queries.js';
 import { FlowControlError, pauseKey, pauseQueue, resumeKey, resumeQueue, setLimit, setWeight, type LimitOverride } from '../admin/flow.js';
@@ -531,7 +531,8 @@ function registerTask(program: Command, io: CliIo): void {
         if (opts.json) return printJson(io, t);
         const now = new Date();
         io.out(`task ${t.id} ${t.name}: ${t.state}`);
-        io.out(`  queue ${t.queue}, priority ${t.priority}, attempts ${t.attempts} of ${t.maxAttempts}, timeout ${t.timeoutMs} ms`);
+        io.out(`  queue ${t.queue}, priority ${t.priority}, attempts ${t.attempts} of ${t.maxAttempts}${t.interruptions > 0 ? `, ${t.interruptions} interrupted (not counted)` : ''}, timeout ${t.timeoutMs} ms`);
+        if (t.progress) io.out(`  progress ${progressText(t.progress) ?? '-'} (at ${t.progress.at})`);
         if (t.runId) io.out(`  run ${t.runId}, step ${t.step}`);
         if (t.key) io.out(`  key ${t.key}`);
         io.out(`  created ${t.createdAt.toISOString()} (${ago(t.createdAt, now)}), run at ${t.runAt.toISOString()}`);

@@ -49,7 +49,7 @@ export const TABLE_PRIVILEGES: Readonly<Record<string, Partial<Record<Kind, stri
       // fair_key and vt: the turn of a task with fairness (outlive.fair_start).
       'SELECT (id, name, queue, state, run_at, key, step, fair_key, vt)',
     worker: 'SELECT, INSERT, UPDATE, DELETE',
-    dashboard: 'SELECT, UPDATE (state, attempts, run_at, finished_at, lease_owner, lease_expires_at, updated_at, waiting_on, last_error, vt, blocked_on)',
+    dashboard: 'SELECT, UPDATE (state, attempts, max_attempts, interruptions, snoozes, run_at, finished_at, lease_owner, lease_expires_at, updated_at, waiting_on, last_error, vt, blocked_on)',
   },
   runs: {
     app: 'INSERT (name, unfinished), SELECT (id)',

@@ -6,12 +6,12 @@
 import { formatIssues } from '../model/checks.js';
 import { backoffDelay } from '../model/backoff.js';
 import type { ClaimedTask } from './claim.js';
-import { InvalidGraphError, NonRetriableError, RateLimitedError, RetryAfterError, toError } from '../model/errors.js';
+import { InvalidGraphError, NonRetriableError, RateLimitedError, RetryAfterError, SnoozeError, toError } from '../model/errors.js';
 import { storableText, unstorableJson, utf8Bytes } from '../model/json.js';
 import type { Executor } from '../db/executor.js';
 import { checkGraph } from '../model/graph.js';
 import { MAX_STEPS_PER_WRITE, prepareStep, type PreparedStep, type Step } from '../model/step.js';
-import type { AnyTask, TaskContext } from '../model/task.js';
+import { MAX_SNOOZES, type AnyTask, type Progress, type TaskContext } from '../model/task.js';
 import { isThenable, validate, type Validation } from '../model/input-schema.js';
 
 /** Largest serialised output a task may store: 1 MiB. */
@@ -45,6 +45,8 @@ export type Outcome = {
       drop?: true;
     }
   | { state: 'pending'; retryAt: Date | null; delayMs: number; error: ErrorEntry }
+  /** Not yet (SnoozeError): pending again after the delay, the attempt not spent; `error` is written only if it snoozed too often. */
+  | { state: 'snoozed'; retryAt: Date | null; delayMs: number; error: ErrorEntry }
   | { state: 'failed'; error: ErrorEntry }
   /** Handed back unfinished (the pass was shutting down): pending again at once, the attempt not counted. */
   | { state: 'released' }
@@ -118,6 +120,11 @@ export function failure(task: AnyTask | undefined, claimed: ClaimedTask, thrown:
     if (claimed.limits?.some((l) => l.k === err.key)) return { ...paused, state: 'released' };
     if (!exhausted) return { ...paused, state: 'pending', retryAt: null, delayMs: err.retryAfterMs, error };
   }
+  if (err instanceof SnoozeError && task) {
+    // The error is what the row keeps if this snooze is one too many (the settle decides, on the row's count).
+    const over = entry(Object.assign(new Error(`snoozed more than ${MAX_SNOOZES} times (the last: ${err.message})`), { name: 'SnoozeError' }), claimed.attempts);
+    return { ...base, state: 'snoozed', retryAt: err.retryAt ?? null, delayMs: err.delayMs ?? 0, error: over };
+  }
   if (err instanceof NonRetriableError || exhausted || !task) return { ...base, state: 'failed', error };
   if (err instanceof RetryAfterError) {
     return { ...base, state: 'pending', retryAt: err.retryAt ?? null, delayMs: err.delayMs ?? 0, error };
@@ -143,6 +150,38 @@ function serialiseOutput(value: unknown): string | null {
   return json;
 }
 
+/** Progress is written at most this often per attempt. */
+const PROGRESS_EVERY_MS = 1_000;
+/** Longest progress note. */
+const MAX_NOTE = 500;
+
+// Only the attempt that holds the row writes its progress: the attempt, and
+// the pass's owner where the pass gave it.
+const PROGRESS_SQL = `
+UPDATE outlive.tasks SET progress = $4::jsonb OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('at', pg_catalog.now())
+WHERE id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) 'running' AND attempts OPERATOR(pg_catalog.=) $2
+  AND ($3::text IS NULL OR lease_owner OPERATOR(pg_catalog.=) $3::text)`;
+
+/** Checks what a handler gives ctx.progress; a clear TypeError for anything else. */
+function progressJson(p: Progress, where: string): string {
+  const bad = (m: string): never => {
+    throw new TypeError(`outlive: ${where}: ctx.progress ${m}`);
+  };
+  if (!p || typeof p !== 'object' || Array.isArray(p)) bad('takes { done?, total?, note? }');
+  const unknown = Object.keys(p).filter((k) => !['done', 'total', 'note'].includes(k));
+  if (unknown.length) bad(`has unknown field(s) ${unknown.join(', ')}: use done, total, note`);
+  for (const k of ['done', 'total'] as const) {
+    const v = p[k];
+    if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v) || v < 0)) bad(`${k} must be a finite number >= 0, got ${String(v)}`);
+  }
+  if (p.note !== undefined && (typeof p.note !== 'string' || p.note.length > MAX_NOTE)) bad(`note must be a string of at most ${MAX_NOTE} characters`);
+  const out: Progress = {};
+  if (p.done !== undefined) out.done = p.done;
+  if (p.total !== undefined) out.total = p.total;
+  if (p.note !== undefined) out.note = storableText(p.note);
+  return JSON.stringify(out);
+}
+
 /** Extends one attempt's lease; resolves false when the row is no longer the pass's. */
 export type Heartbeat = (claimed: ClaimedTask, attempt: AttemptAbort) => Promise<boolean>;
 
@@ -160,7 +199,7 @@ export type Heartbeat = (claimed: ClaimedTask, attempt: AttemptAbort) => Promise
 export async function execute(
   task: AnyTask | undefined,
   claimed: ClaimedTask,
-  extra: { attempt?: AttemptAbort; db?: Executor; heartbeat?: Heartbeat } = {},
+  extra: { attempt?: AttemptAbort; db?: Executor; heartbeat?: Heartbeat; owner?: string } = {},
 ): Promise<Outcome> {
   if (!task) {
     return failure(undefined, claimed, new NonRetriableError(
@@ -184,7 +223,7 @@ export async function execute(
 
   const abort = extra.attempt ?? new AttemptAbort();
   const started = performance.now();
-  const ctx = new RunContext(claimed, abort, extra.db, extra.heartbeat);
+  const ctx = new RunContext(claimed, abort, extra.db, extra.heartbeat, extra.owner);
   let timer: ReturnType<typeof setTimeout> | undefined;
   try {
     if (abort.aborted) throw abort.reason;
@@ -212,6 +251,7 @@ export async function execute(
     return failure(task, claimed, thrown, ctx.flow);
   } finally {
     if (timer !== undefined) clearTimeout(timer);
+    ctx.end();
   }
 }
 
@@ -307,6 +347,7 @@ class RunContext implements TaskContext {
     private readonly abort: AttemptAbort,
     private readonly db: Executor | undefined,
     private readonly beat: Heartbeat | undefined,
+    private readonly owner: string | undefined,
   ) {
     this.taskId = claimed.id;
     this.attempt = claimed.attempts;
@@ -319,7 +360,52 @@ class RunContext implements TaskContext {
     return this.abort.signal;
   }
 
-  private bound: Partial<Pick<TaskContext, 'heartbeat' | 'spawn' | 'output' | 'outputs' | 'reportCost'>> | undefined = undefined;
+  private bound: Partial<Pick<TaskContext, 'heartbeat' | 'spawn' | 'output' | 'outputs' | 'reportCost' | 'progress'>> | undefined = undefined;
+
+  snooze(after: number | Date): never {
+    throw new SnoozeError(after);
+  }
+
+  /** When progress was last written, and what waits to be written once the second is up. */
+  private progressAt = -Infinity;
+  private progressLater: { json: string; timer: ReturnType<typeof setTimeout> } | undefined = undefined;
+
+  get progress(): TaskContext['progress'] {
+    return ((this.bound ??= {}).progress ??= this.reportProgress.bind(this));
+  }
+
+  private reportProgress(progress: Progress): Promise<void> {
+    const json = progressJson(progress, this.where);
+    const wait = this.progressAt + PROGRESS_EVERY_MS - performance.now();
+    if (wait <= 0) return this.writeProgress(json);
+    if (this.progressLater) this.progressLater.json = json;
+    else {
+      const timer = setTimeout(() => {
+        const later = this.progressLater;
+        this.progressLater = undefined;
+        if (later) void this.writeProgress(later.json);
+      }, wait);
+      timer.unref?.();
+      this.progressLater = { json, timer };
+    }
+    return Promise.resolve();
+  }
+
+  private async writeProgress(json: string): Promise<void> {
+    this.progressAt = performance.now();
+    if (!this.db || this.abort.aborted) return;
+    try {
+      await this.db.query(PROGRESS_SQL, [this.claimed.id, this.claimed.attempts, this.owner ?? null, json]);
+    } catch {
+      // Progress is for the operator's eyes: a write it loses must not fail the attempt.
+    }
+  }
+
+  /** The attempt is over: a progress still waiting for its second is dropped (the outcome says more). */
+  end(): void {
+    if (this.progressLater) clearTimeout(this.progressLater.timer);
+    this.progressLater = undefined;
+  }
 
   get reportCost(): TaskContext['reportCost'] {
     return ((this.bound ??= {}).reportCost ??= this.recordCost.bind(this));

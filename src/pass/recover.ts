@@ -5,12 +5,13 @@
 import { inTransaction, toPool, type Database } from '../db/executor.js';
 import { applyRunEffects, recountWaits } from './run-effects.js';
 import type { SettledRow } from './settle.js';
+import { MAX_INTERRUPTIONS } from '../model/task.js';
 
 /** What a recovery pass did. */
 export interface RecoverReport {
-  /** Tasks put back to pending for another attempt. */
+  /** Tasks put back to pending for another attempt (the interrupted one not counted). */
   retried: number;
-  /** Tasks that had no attempts left and failed for good. */
+  /** Tasks that failed for good: interrupted more than MAX_INTERRUPTIONS times, or declared with one attempt. */
   failed: number;
   /** Tasks of runs whose count of unfinished dependencies was corrected (see `outlive.recounts`). */
   recounted: number;
@@ -33,16 +34,27 @@ export const heldUntil = (t: string) =>
 // longer matches, so a recovery racing a completion never overwrites it. A
 // pass lease renewed after this statement's snapshot does not save the row:
 // its pass let it expire, and its late settle is dropped. The expired attempt
-// counts as a failed one; its next attempt backs off exponentially from 1 s
-// (the task's own policy is code, not a row). Expired pass leases are
-// deleted on the way: they hold nothing.
+// is an interruption, not the handler's failure: it is handed back without
+// spending one of the task's attempts (max_attempts grows by one, so attempt
+// numbers stay unique), up to $3 interruptions, after which the task fails
+// with that reason; a task declared with one attempt (at most once) is never
+// run again. The next attempt backs off exponentially from 1 s by
+// interruption, at most 5 minutes (the task's own policy is code, not a
+// row): a task that crashes its process every time ends within about an
+// hour. Expired pass leases are deleted on the way: they hold nothing.
 // The slots the recovered tasks held are given back in this statement
 // (outlive.release_slots, migration 0014), so a task's slot is freed exactly
 // when its row stops running. A recovered governed task is placed in turn
 // again when its retry is due (vt = NULL).
 export const RECOVER_SQL = `
 WITH expired AS (
-  SELECT t.id FROM outlive.tasks t
+  SELECT t.id,
+         t.max_attempts OPERATOR(pg_catalog.=) 1 OR t.interruptions OPERATOR(pg_catalog.>=) $3::int AS spent,
+         'lease expired: the pass running attempt ' OPERATOR(pg_catalog.||) t.attempts OPERATOR(pg_catalog.||) ' stopped before settling it' OPERATOR(pg_catalog.||)
+         CASE WHEN t.max_attempts OPERATOR(pg_catalog.=) 1 THEN ' (maxAttempts 1: not run again)'
+              WHEN t.interruptions OPERATOR(pg_catalog.>=) $3 THEN ' (interrupted ' OPERATOR(pg_catalog.||) (t.interruptions OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.||) ' times, more than ' OPERATOR(pg_catalog.||) $3 OPERATOR(pg_catalog.||) ')'
+              ELSE ' (interruption ' OPERATOR(pg_catalog.||) (t.interruptions OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.||) ' of ' OPERATOR(pg_catalog.||) $3 OPERATOR(pg_catalog.||) ', not counted as an attempt)' END AS message
+  FROM outlive.tasks t
   WHERE t.state OPERATOR(pg_catalog.=) 'running' AND t.lease_expires_at OPERATOR(pg_catalog.<) coalesce($1::timestamptz, pg_catalog.now())
     AND NOT EXISTS (SELECT 1 FROM outlive.leases l
                     WHERE l.owner OPERATOR(pg_catalog.=) t.lease_owner AND l.expires_at OPERATOR(pg_catalog.>=) coalesce($1::timestamptz, pg_catalog.now()))
@@ -55,20 +67,22 @@ gone AS (
 ),
 recovered AS (
 UPDATE outlive.tasks t
-SET state = CASE WHEN t.attempts OPERATOR(pg_catalog.>=) t.max_attempts THEN 'failed' ELSE 'pending' END::outlive.task_state,
-    run_at = CASE WHEN t.attempts OPERATOR(pg_catalog.>=) t.max_attempts THEN t.run_at
+SET state = CASE WHEN expired.spent THEN 'failed' ELSE 'pending' END::outlive.task_state,
+    interruptions = CASE WHEN expired.spent THEN t.interruptions ELSE t.interruptions OPERATOR(pg_catalog.+) 1 END,
+    max_attempts = CASE WHEN expired.spent THEN t.max_attempts ELSE t.max_attempts OPERATOR(pg_catalog.+) 1 END,
+    run_at = CASE WHEN expired.spent THEN t.run_at
                   ELSE coalesce($1::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+)
-                       (least(3600000, 1000 OPERATOR(pg_catalog.*) (2 OPERATOR(pg_catalog.^) least(t.attempts OPERATOR(pg_catalog.-) 1, 30)))
+                       (least(300000, 1000 OPERATOR(pg_catalog.*) (2 OPERATOR(pg_catalog.^) least(t.interruptions, 30)))
                         OPERATOR(pg_catalog.*) interval '1 millisecond') END,
-    last_error = 'lease expired: the pass running attempt ' OPERATOR(pg_catalog.||) t.attempts OPERATOR(pg_catalog.||) ' stopped before settling it',
+    last_error = expired.message,
     errors = t.errors OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
       'attempt', t.attempts,
       'at', coalesce($1::timestamptz, pg_catalog.now()),
       'name', 'LeaseExpired',
-      'message', 'lease expired: the pass running attempt ' OPERATOR(pg_catalog.||) t.attempts OPERATOR(pg_catalog.||) ' stopped before settling it')),
+      'message', expired.message)),
     lease_owner = NULL,
     lease_expires_at = NULL,
-    finished_at = CASE WHEN t.attempts OPERATOR(pg_catalog.>=) t.max_attempts THEN coalesce($1::timestamptz, pg_catalog.now()) END,
+    finished_at = CASE WHEN expired.spent THEN coalesce($1::timestamptz, pg_catalog.now()) END,
     vt = NULL,
     blocked_on = NULL,
     updated_at = coalesce($1::timestamptz, pg_catalog.now())
@@ -94,7 +108,7 @@ SELECT r.id, r.state, r.run_id, r.step FROM recovered r, slots`;
 export async function recover(db: Database, options: { now?: Date | null; limit?: number } = {}): Promise<RecoverReport> {
   const now = options.now ?? null;
   const { rows, recounted } = await inTransaction(toPool(db), async (tx) => {
-    const recovered = await tx.query<SettledRow>(RECOVER_SQL, [now, options.limit ?? 1000]);
+    const recovered = await tx.query<SettledRow>(RECOVER_SQL, [now, options.limit ?? 1000, MAX_INTERRUPTIONS]);
     await applyRunEffects(tx, recovered, new Map(), now);
     return { rows: recovered, recounted: await recountWaits(tx, now) };
   });

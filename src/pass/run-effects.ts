@@ -248,7 +248,7 @@ export async function applyRunEffects(
   };
   const succeeded: RunRow[] = [];
   for (const row of rows) {
-    if (!row.run_id || row.state === 'pending' || row.state === 'released') continue;
+    if (!row.run_id || row.state === 'pending' || row.state === 'released' || row.state === 'snoozed') continue;
     runOf(row.run_id).delta -= 1;
     if (row.state === 'succeeded') succeeded.push(row);
   }

@@ -9,6 +9,7 @@
  */
 import { OutliveError, toError } from '../model/errors.js';
 import { entry, type Outcome } from './execute.js';
+import { MAX_SNOOZES } from '../model/task.js';
 import { inTransaction, toExecutor, type Executor, type PoolLike } from '../db/executor.js';
 import { lostPreparedStatement } from '../db/statements.js';
 import { applyRunEffects, type RunRow } from './run-effects.js';
@@ -16,7 +17,7 @@ import type { PreparedStep } from '../model/step.js';
 
 /** A row a settle changed. `released` rows are pending again, their attempt handed back. */
 export interface SettledRow extends RunRow {
-  state: 'pending' | 'succeeded' | 'failed' | 'released';
+  state: 'pending' | 'succeeded' | 'failed' | 'released' | 'snoozed';
 }
 
 // One statement settles a whole batch, whatever mix of successes, retries and
@@ -42,6 +43,13 @@ export interface SettledRow extends RunRow {
 // running, for recovery to settle and give back, rather than leaking a slot.
 const PLAIN_ROWS_ONLY = '\n  AND t.fair_key IS NULL';
 
+// A snooze puts the task back without spending an attempt (max_attempts
+// grows by one, so attempt numbers stay unique), while the row has snoozed
+// fewer than MAX_SNOOZES times; the one after fails it with the outcome's
+// error. SET reads the row as it was, so every column sees the same count.
+const SNOOZE_FITS = `t.snoozes OPERATOR(pg_catalog.<) ${MAX_SNOOZES}`;
+const SNOOZED = `(s.state OPERATOR(pg_catalog.=) 'snoozed' AND ${SNOOZE_FITS})`;
+
 export const SETTLE_SQL = settleSql(false);
 
 /**
@@ -53,19 +61,23 @@ export const SETTLE_SQL = settleSql(false);
 function settleSql(governed: boolean): string {
   return `
 UPDATE outlive.tasks t
-SET state = (CASE WHEN s.state OPERATOR(pg_catalog.=) 'released' THEN 'pending' ELSE s.state END)::outlive.task_state,
+SET state = (CASE WHEN s.state OPERATOR(pg_catalog.=) 'released' THEN 'pending'
+                  WHEN s.state OPERATOR(pg_catalog.=) 'snoozed' THEN CASE WHEN ${SNOOZE_FITS} THEN 'pending' ELSE 'failed' END
+                  ELSE s.state END)::outlive.task_state,
     output = CASE WHEN s.state OPERATOR(pg_catalog.=) 'succeeded' THEN s.output::jsonb ELSE t.output END,
     attempts = CASE WHEN s.state OPERATOR(pg_catalog.=) 'released' THEN greatest(t.attempts OPERATOR(pg_catalog.-) 1, 0) ELSE t.attempts END,
-    run_at = CASE WHEN s.state OPERATOR(pg_catalog.=) 'pending'
+    max_attempts = CASE WHEN ${SNOOZED} THEN t.max_attempts OPERATOR(pg_catalog.+) 1 ELSE t.max_attempts END,
+    snoozes = CASE WHEN ${SNOOZED} THEN t.snoozes OPERATOR(pg_catalog.+) 1 ELSE t.snoozes END,
+    run_at = CASE WHEN s.state OPERATOR(pg_catalog.=) 'pending' OR ${SNOOZED}
                   THEN coalesce(s.retry_at, coalesce($1::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+) (s.delay_ms OPERATOR(pg_catalog.*) interval '1 millisecond'))
                   WHEN s.state OPERATOR(pg_catalog.=) 'released' THEN coalesce($1::timestamptz, pg_catalog.now())
                   ELSE t.run_at END,
-    last_error = coalesce(s.error::jsonb OPERATOR(pg_catalog.->>) 'message', t.last_error),
-    errors = CASE WHEN s.error IS NULL THEN t.errors ELSE t.errors OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array(s.error::jsonb) END,
+    last_error = CASE WHEN ${SNOOZED} THEN t.last_error ELSE coalesce(s.error::jsonb OPERATOR(pg_catalog.->>) 'message', t.last_error) END,
+    errors = CASE WHEN s.error IS NULL OR ${SNOOZED} THEN t.errors ELSE t.errors OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array(s.error::jsonb) END,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    finished_at = CASE WHEN s.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'released']) THEN NULL ELSE coalesce($1::timestamptz, pg_catalog.now()) END,
-    vt = CASE WHEN s.state OPERATOR(pg_catalog.=) 'pending' THEN NULL ELSE t.vt END,
+    finished_at = CASE WHEN s.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'released']) OR ${SNOOZED} THEN NULL ELSE coalesce($1::timestamptz, pg_catalog.now()) END,
+    vt = CASE WHEN s.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'snoozed']) THEN NULL ELSE t.vt END,
     blocked_on = NULL,
     updated_at = coalesce($1::timestamptz, pg_catalog.now())
 FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::timestamptz[]),
@@ -73,7 +85,8 @@ FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::text[]), 
      AS s(id, state, output, retry_at, delay_ms, error, attempt${governed ? ', flow' : ''})
 WHERE t.id OPERATOR(pg_catalog.=) s.id AND t.state OPERATOR(pg_catalog.=) 'running' AND t.lease_owner OPERATOR(pg_catalog.=) $8
   AND (t.attempts OPERATOR(pg_catalog.=) s.attempt) IS TRUE${governed ? '' : PLAIN_ROWS_ONLY}
-RETURNING t.id::text, s.state AS state, t.run_id::text, t.step${governed ? ', t.limits, s.attempt, s.flow' : ''}`;
+RETURNING t.id::text, CASE WHEN s.state OPERATOR(pg_catalog.=) 'snoozed' AND t.state OPERATOR(pg_catalog.=) 'failed' THEN 'failed' ELSE s.state END AS state,
+          t.run_id::text, t.step${governed ? ', t.limits, s.attempt, s.flow' : ''}`;
 }
 
 // The slots of the governed rows a settle changed, given back by the same
@@ -176,19 +189,19 @@ interface SettleStatements {
 }
 
 // A name goes with one text: renamed whenever the text changes (v3: names
-// qualified with pg_catalog; v4: vt and blocked_on, and plain rows only), so a server connection that a transaction
+// qualified with pg_catalog; v4: vt and blocked_on, and plain rows only; v5 and governed v2: snoozes), so a server connection that a transaction
 // pooler shares with a pass of the previous release never runs one
 // release's text under the other's name.
 const PLAIN: SettleStatements = {
-  any: { text: SETTLE_SQL, name: 'outlive_settle_v4' },
+  any: { text: SETTLE_SQL, name: 'outlive_settle_v5' },
   succeeded: { text: SUCCEED_SQL, name: 'outlive_succeed_v4' },
 };
 const RUN_TASKS: SettleStatements = {
-  any: { text: SETTLE_RUN_TASKS_SQL, name: 'outlive_settle_runs_v4' },
+  any: { text: SETTLE_RUN_TASKS_SQL, name: 'outlive_settle_runs_v5' },
   succeeded: { text: SUCCEED_RUN_TASKS_SQL, name: 'outlive_succeed_runs_v4' },
 };
-const GOVERNED: SettleStatements = { any: { text: SETTLE_GOVERNED_SQL, name: 'outlive_settle_governed_v1' }, succeeded: null };
-const GOVERNED_RUN_TASKS: SettleStatements = { any: { text: SETTLE_GOVERNED_RUN_TASKS_SQL, name: 'outlive_settle_governed_runs_v1' }, succeeded: null };
+const GOVERNED: SettleStatements = { any: { text: SETTLE_GOVERNED_SQL, name: 'outlive_settle_governed_v2' }, succeeded: null };
+const GOVERNED_RUN_TASKS: SettleStatements = { any: { text: SETTLE_GOVERNED_RUN_TASKS_SQL, name: 'outlive_settle_governed_runs_v2' }, succeeded: null };
 
 function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], now: Date | null, statements = PLAIN): Promise<SettledRow[]> {
   const ids: string[] = new Array(outcomes.length);
@@ -216,9 +229,9 @@ function settleRows(db: Executor, owner: string, outcomes: readonly Outcome[], n
     attempts[i] = o.attempt;
     states.push(o.state);
     outputs.push(o.state === 'succeeded' ? o.output : null);
-    retryAts.push(o.state === 'pending' ? o.retryAt : null);
-    delays.push(o.state === 'pending' ? o.delayMs : 0);
-    errors.push(o.state === 'pending' || o.state === 'failed' ? JSON.stringify(o.error) : null);
+    retryAts.push(o.state === 'pending' || o.state === 'snoozed' ? o.retryAt : null);
+    delays.push(o.state === 'pending' || o.state === 'snoozed' ? o.delayMs : 0);
+    errors.push(o.state === 'pending' || o.state === 'failed' || o.state === 'snoozed' ? JSON.stringify(o.error) : null);
   }
   const { text, name } = statements.any;
   const values = [now, ids, states, outputs, retryAts, delays, errors, owner, attempts];
@@ -344,7 +357,8 @@ async function settleBatch(pool: PoolLike, owner: string, outcomes: readonly Out
     // refuses is retried outcome by outcome with nothing half written.
     return inTransaction(pool, async (db) => (await drop(db)).concat(await settleRows(db, owner, kept, now)));
   }
-  if (outcomes.every((o) => o.state !== 'failed' && !(o.state === 'succeeded' && o.spawns?.length))) {
+  // A snooze may turn out a failure (one too many), so it takes the path that applies a failure's run effects.
+  if (outcomes.every((o) => o.state !== 'failed' && o.state !== 'snoozed' && !(o.state === 'succeeded' && o.spawns?.length))) {
     try {
       return strip(await settleRows(toExecutor(pool), owner, outcomes, now, governed ? GOVERNED_RUN_TASKS : RUN_TASKS));
     } catch {

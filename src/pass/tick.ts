@@ -115,6 +115,8 @@ export interface TickReport {
   lostLeases: number;
   /** Tasks handed back (pending again, attempt not counted): aborted by the pass's `abort`, or prefetched and never started. */
   released: number;
+  /** Tasks that said "not yet" (SnoozeError): pending again after their delay, attempt not counted. */
+  snoozed: number;
   durationMs: number;
   /**
    * Why the pass ended: `drained` when no ready task's timeout fitted in what
@@ -186,6 +188,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     recovered: 0,
     lostLeases: 0,
     released: 0,
+    snoozed: 0,
     durationMs: 0,
     stoppedBy: 'drained',
   };
@@ -220,9 +223,10 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       // A slot given back may let a task waiting for its key start.
       if (freedSlots) readyCount++;
       for (const r of rows) {
-        if ((r.run_id && r.state !== 'released') || r.state === 'pending') readyCount++;
+        if ((r.run_id && r.state !== 'released') || r.state === 'pending' || r.state === 'snoozed') readyCount++;
         if (r.state === 'succeeded') report.succeeded++;
         else if (r.state === 'pending') report.retried++;
+        else if (r.state === 'snoozed') report.snoozed++;
         else if (r.state === 'released') report.released++;
         else report.failed++;
       }
@@ -250,7 +254,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     const abort = leases.track(row.id);
     if (options.abort?.aborted) abort.abort(new HandBackError());
     const since = performance.now();
-    void execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat: leases.heartbeat }).then((outcome) => {
+    void execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat: leases.heartbeat, owner }).then((outcome) => {
       const took = performance.now() - since;
       avgHandlerMs = avgHandlerMs === null ? took : avgHandlerMs * 0.8 + took * 0.2;
       leases.untrack(row.id);

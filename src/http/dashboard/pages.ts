@@ -7,7 +7,7 @@
  * {@link html}, which escapes it.
  */
 import type { ExplainedRun } from '../../admin/explain.js';
-import { formatPeriod, keyWait, roomText } from '../../admin/queries.js';
+import { formatPeriod, keyWait, progressText, roomText } from '../../admin/queries.js';
 import type { KeyState, QueuePause, StatusReport, RunSummary, TaskSummary, TaskDetail, ScheduleSummary } from '../../admin/queries.js';
 import { RUN_STATES, TASK_STATES } from '../../model/states.js';
 import { html, raw, type Html } from './html.js';
@@ -186,7 +186,8 @@ export function taskPage(ctx: PageContext, t: TaskDetail): string {
 <p>${canRetry ? action(ctx, `/tasks/${t.id}/retry`, t.runId ? 'Retry (with its run)' : 'Retry', 'retry') : ''}</p>
 <dl>
 <dt>queue</dt><dd>${t.queue} (priority ${t.priority})</dd>
-<dt>attempts</dt><dd>${t.attempts} of ${t.maxAttempts}, timeout ${t.timeoutMs} ms</dd>
+<dt>attempts</dt><dd>${t.attempts} of ${t.maxAttempts}${t.interruptions > 0 ? `, ${t.interruptions} interrupted (not counted)` : ''}, timeout ${t.timeoutMs} ms</dd>
+${t.progress ? html`<dt>progress</dt><dd class="progress">${progressText(t.progress) ?? '-'} <span class="muted">${when(new Date(t.progress.at), ctx.now)}</span></dd>` : ''}
 ${t.runId ? html`<dt>run</dt><dd><a href="${ctx.basePath}/runs/${t.runId}">#${t.runId}</a>, step ${t.step ?? '-'}</dd>` : ''}
 ${t.dependsOn.length ? html`<dt>waits for</dt><dd>${t.dependsOn.map((d) => html`<a href="${ctx.basePath}/tasks/${d.id}">${d.step ?? `#${d.id}`}</a> ${badge(d.state)} `)}</dd>` : ''}
 ${t.key ? html`<dt>key</dt><dd>${t.key}</dd>` : ''}
