@@ -44,8 +44,8 @@ BEGIN
     END LOOP;
   END IF;
   IF burst IS NOT NULL THEN
-    -- A start larger than the burst may still go alone, when nothing is ahead of it.
-    fits_at := greatest(fits_at, tat - (greatest(burst, cost) - cost) * e);
+    -- A burst above the limit is the limit; a start larger than the burst goes alone, when nothing is ahead of it.
+    fits_at := greatest(fits_at, tat - (greatest(least(burst, lim), cost) - cost) * e);
   END IF;
   RETURN fits_at;
 END;
@@ -201,8 +201,7 @@ BEGIN
       lim := coalesce(kr.rate_limit, (e->>'r')::double precision);
       IF lim IS NOT NULL THEN
         next_ms := outlive.rate_next_start(kr.starts, lim, coalesce(kr.rate_period_ms, (e->>'p')::double precision),
-                                           coalesce((e->>'c')::double precision, 1),
-                                           CASE WHEN e ? 'b' THEN least((e->>'b')::double precision, lim) END, now_ms);
+                                           coalesce((e->>'c')::double precision, 1), (e->>'b')::double precision, now_ms);
         IF next_ms > now_ms THEN
           block_key := kr.lkey;
           block_until := to_timestamp(next_ms / 1000);  -- 'infinity' when no start ever fits

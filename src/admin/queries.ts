@@ -439,7 +439,7 @@ SELECT r.key, r.known, r.running, r.concurrency, coalesce((r.declared OPERATOR(p
             WHEN pg_catalog.isfinite(r.wake_at) THEN 'scheduled' ELSE 'on-release' END AS wake,
        CASE WHEN pg_catalog.isfinite(r.wake_at) THEN r.wake_at END AS wake_at,
        CASE WHEN r.lim IS NOT NULL THEN w.used END AS used,
-       CASE WHEN r.lim IS NOT NULL THEN r.burst END AS burst,
+       r.burst,
        CASE WHEN n.at OPERATOR(pg_catalog.>) c.now_ms AND n.at OPERATOR(pg_catalog.<) 'infinity'::float8 THEN n.at END AS next_ms
 FROM rated r CROSS JOIN clock c
 CROSS JOIN LATERAL (
@@ -448,7 +448,7 @@ CROSS JOIN LATERAL (
   WHERE (s.e OPERATOR(pg_catalog.->>) 0)::float8 OPERATOR(pg_catalog.>) (c.now_ms OPERATOR(pg_catalog.-) r.per)
 ) w
 LEFT JOIN LATERAL (
-  SELECT outlive.rate_next_start(coalesce(r.starts, '[]'::jsonb), r.lim, r.per, r.cost, LEAST(r.burst, r.lim), c.now_ms) AS at
+  SELECT outlive.rate_next_start(coalesce(r.starts, '[]'::jsonb), r.lim, r.per, r.cost, r.burst, c.now_ms) AS at
 ) n ON r.lim IS NOT NULL
 ORDER BY r.nth`;
 

@@ -54,14 +54,10 @@ export class RetryAfterError extends Error {
 export const MAX_SNOOZE_MS = 86_400_000;
 
 /**
- * Thrown by a handler (or by `ctx.snooze`) to say "not yet": the task goes
- * back to pending for `after` (milliseconds, or until a time) without
- * spending an attempt. For polling what is not ready yet: a provider's
- * background job, a DNS record. A task snoozes at most MAX_SNOOZES times
- * (src/model/task.ts), so a bug cannot loop forever.
+ * "Not yet" (thrown by a handler, or by `ctx.snooze`): the task goes back to
+ * pending for `after` ms, or until a time, without spending an attempt.
  *
  * ```ts
- * const job = await provider.get(jobId);
  * if (job.status === 'in_progress') throw new SnoozeError(30_000);
  * ```
  */

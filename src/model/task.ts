@@ -57,17 +57,11 @@ export interface TaskContext {
    * task that has a rate.
    */
   reportCost(actual: number, key?: string): void;
-  /**
-   * "Not yet": ends this attempt and puts the task back to pending for
-   * `after` milliseconds (or until a Date) without spending an attempt, at
-   * most MAX_SNOOZES times. Throws a {@link SnoozeError}; do not catch it.
-   */
+  /** "Not yet": throws a {@link SnoozeError} (do not catch it); at most MAX_SNOOZES times. */
   snooze(after: number | Date): never;
   /**
-   * Says how far this attempt has got, for `explainRun`, the CLI and the
-   * dashboard: `await ctx.progress({ done: 120, total: 1000, note: 'pages' })`.
-   * Written to the row at most once a second (a call within the second is
-   * kept and written when it ends); never fails the attempt.
+   * How far this attempt has got, for `explainRun`, the CLI and the dashboard;
+   * written at most once a second, and never fails the attempt.
    */
   progress(progress: Progress): Promise<void>;
 }
@@ -84,10 +78,7 @@ export type TaskHandler<I, O> = (input: I, ctx: TaskContext) => Promise<O> | O;
 
 /**
  * How a task retries when its handler throws. An attempt its pass cut short
- * (the process died, or the pass lost its lease) is not the handler's: it is
- * run again without counting against `maxAttempts`, up to
- * {@link MAX_INTERRUPTIONS} times; a task with `maxAttempts: 1` (at most
- * once) is failed instead.
+ * is not counted (up to {@link MAX_INTERRUPTIONS}), except with `maxAttempts: 1`.
  */
 export interface RetryPolicy {
   /** Attempts in all, including the first, that the handler may fail. Default 5. */
@@ -166,9 +157,9 @@ export type AnyTask = Task<any, any>;
 
 /** Largest number of attempts a task may have. Keeps a row's error history bounded. */
 export const MAX_ATTEMPTS_LIMIT = 1000;
-/** Attempts cut short by their pass (not by the handler) that a task survives: faults alone never fail a task before this. */
+/** Attempts cut short by their pass, not the handler, that a task survives. */
 export const MAX_INTERRUPTIONS = 20;
-/** Snoozes (SnoozeError, ctx.snooze) a task may take before it fails: enough to poll every 5 minutes for 3 days. */
+/** Snoozes a task may take before it fails, so a bug cannot loop forever. */
 export const MAX_SNOOZES = 1_000;
 /** Longest timeout a task may declare: a day. */
 export const MAX_TIMEOUT_MS = 86_400_000;
