@@ -109,6 +109,16 @@ export const tasks = outlive.table(
     limits: jsonb('limits'),
     /** The key whose limit it was last found waiting for; it is out of the claim's way until that key wakes. */
     blockedOn: text('blocked_on'),
+    // Waits (issue 27): a step made by waitFor or sleepStep is a row of the
+    // built-in task '$wait' (src/model/wait.ts). Parked, it is pending with
+    // run_at at its deadline, so the claim finds it when it is due and
+    // nothing reads or writes it before.
+    /** The signal key a parked wait listens for; null for a sleep and for every other task. */
+    waitKey: text('wait_key'),
+    /** When the wait ends without its signal: set when it first parks. */
+    waitUntil: timestamp('wait_until', { withTimezone: true }),
+    /** The signal that ended the wait, `{ id, payload }`, written by `outlive.send_signal` or when it parks. */
+    signal: jsonb('signal'),
   },
   (t) => [
     // The claim reads only this index: ready rows, in claim order. Finished
@@ -171,6 +181,9 @@ export const tasks = outlive.table(
     check('tasks_unspent_attempts_check', sql`${t.interruptions} >= 0 AND ${t.snoozes} >= 0 AND ${t.maxAttempts} - ${t.interruptions} - ${t.snoozes} >= 1`),
     // Limits, a turn and a wait belong to governed rows only: a plain row
     // carrying them would be claimed by a claim that ignores them.
+    // Signals reach parked waits through this index (outlive.send_signal).
+    index('tasks_wait_idx').on(t.waitKey).where(sql`${t.state} = 'pending' AND ${t.waitKey} IS NOT NULL`),
+    check('tasks_wait_check', sql`${t.name} = '$wait' OR (${t.waitKey} IS NULL AND ${t.waitUntil} IS NULL AND ${t.signal} IS NULL)`),
     check('tasks_governed_check', sql`${t.fairKey} IS NOT NULL OR (${t.limits} IS NULL AND ${t.vt} IS NULL AND ${t.blockedOn} IS NULL)`),
   ],
 );
@@ -230,6 +243,37 @@ export const queuePauses = outlive.table('queue_pauses', {
   reason: text('reason'),
   pausedAt: timestamp('paused_at', { withTimezone: true }).notNull().defaultNow(),
 });
+
+/**
+ * Signals (issue 27): one row per (key, id) sent by `signal()`. A signal that
+ * found parked waits on its key is written onto them and marked consumed; one
+ * that found none is kept until `expires_at` for the first wait on its key to
+ * take when it parks. Kept past consumption until `expires_at`, so the same
+ * id sent again (a webhook redelivered) is known and changes nothing.
+ * Written by `outlive.send_signal` and `outlive.begin_waits` (migration
+ * 0017), pruned by retention.
+ */
+export const signals = outlive.table(
+  'signals',
+  {
+    key: text('key').notNull(),
+    id: text('id').notNull(),
+    payload: jsonb('payload'),
+    sentAt: timestamp('sent_at', { withTimezone: true }).notNull().defaultNow(),
+    expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
+    /** When a wait took it; null while it is kept for one. */
+    consumedAt: timestamp('consumed_at', { withTimezone: true }),
+    /** How many waits it ended. */
+    delivered: integer('delivered').notNull().default(0),
+  },
+  (t) => [
+    primaryKey({ columns: [t.key, t.id] }),
+    // The kept signals of a key, oldest first: what a wait takes when it parks.
+    index('signals_kept_idx').on(t.key, t.sentAt, t.id).where(sql`${t.consumedAt} IS NULL`),
+    index('signals_expires_idx').on(t.expiresAt),
+    check('signals_delivered_check', sql`${t.delivered} >= 0 AND (${t.consumedAt} IS NULL) = (${t.delivered} = 0)`),
+  ],
+);
 
 /**
  * `task_id` may start only after `depends_on` has succeeded. Both are steps of

@@ -1,7 +1,9 @@
 /**
  * The Cloudflare Worker (`main` in wrangler.toml): `outlive/cloudflare`'s
  * handlers running this deployment's tasks. Its cron triggers are declared in
- * wrangler.toml; `POST /drain` is the nudge's webhook, `/dashboard` the pages.
+ * wrangler.toml; `POST /drain` is the nudge's webhook, `POST /signal` the
+ * endpoint providers' webhooks (Standard Webhooks) send signals to, and
+ * `/dashboard` the pages.
  *
  * It reaches Postgres with node-postgres through the Hyperdrive binding
  * `HYPERDRIVE` (wrangler.toml; `nodejs_compat`), which any Postgres can sit

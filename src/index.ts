@@ -16,6 +16,8 @@ export type { InputSchema } from './model/input-schema.js';
 export type { BackoffOptions } from './model/backoff.js';
 export { step } from './model/step.js';
 export type { Step, StepOptions } from './model/step.js';
+export { waitFor, sleepStep, WaitTimeoutError, DEFAULT_WAIT_TIMEOUT_MS, MAX_WAIT_MS } from './model/wait.js';
+export type { WaitForOptions, WaitStepOptions } from './model/wait.js';
 export { TASK_STATES, RUN_STATES } from './model/states.js';
 export type { TaskState, RunState } from './model/states.js';
 export {
@@ -38,6 +40,8 @@ export type { EnqueuedTask } from './write/enqueue.js';
 export { startRun } from './write/start-run.js';
 export type { StartedRun } from './write/start-run.js';
 export { batchEnqueue, enqueuedFrom } from './write/batch.js';
+export { signal, signalSql, batchSignal, InvalidSignalError, DEFAULT_SIGNAL_KEEP_MS } from './write/signal.js';
+export type { SignalOptions, SignalResult } from './write/signal.js';
 export type { BatchingDatabase } from './write/batch.js';
 export { neonPool } from './db/neon.js';
 export type { NeonPoolOptions } from './db/neon.js';

@@ -88,8 +88,8 @@ describe('applyRetention', () => {
     expect(reports.map((r) => r.tasks)).toEqual([400, 400, 250]);
     expect(reports.map((r) => r.more)).toEqual([true, true, false]);
     // Batches of 100: four in each full call; the last deletes 250 in three
-    // (one short) and then finds nothing of the six other kinds.
-    expect(reports.map((r) => r.batches)).toEqual([4, 4, 3 + 6]);
+    // (one short) and then finds nothing of the seven other kinds.
+    expect(reports.map((r) => r.batches)).toEqual([4, 4, 3 + 7]);
     expect(await countTasks()).toEqual({ pending: 20 });
   });
 

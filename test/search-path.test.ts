@@ -19,7 +19,7 @@ import pg from 'pg';
 import { z } from 'zod';
 import {
   applyRetention, cancelRun, defineSchedule, defineTask, enqueue, enqueueDue, enqueueMany, explainRun, recover,
-  retryRun, retryTask, startRun, step, tick,
+  retryRun, retryTask, signal, sleepStep, startRun, step, tick, waitFor,
 } from '../src/index.js';
 import { createWorker } from '../src/node/index.js';
 import { finishedPerMinute, getTask, listFailures, listRuns, listSchedules, listTasks, runEdges, status } from '../src/admin/queries.js';
@@ -249,6 +249,16 @@ describe('a role that can create objects on the search path', () => {
         expect(await runState(run.id)).toBe('failed');
         expect(await q(`SELECT count(*)::int AS n FROM outlive.leases`)).toEqual([{ n: 0 }]);
       }],
+      ['waits and signals', async () => {
+        await signal(pool, 'sp:kept', 'early', { id: 'e' });
+        const run = await startRun(pool, 'sp-waits', {
+          kept: waitFor('sp:kept'), parked: waitFor('sp:later'), nap: sleepStep({ ms: 0 }), last: step(t.ok, { n: 30 }, { after: ['kept', 'parked', 'nap'] }),
+        });
+        expect(await tick(pool, { tasks: t.all })).toMatchObject({ parked: 1 });
+        expect(await signal(pool, 'sp:later', 'now', { id: 'l' })).toEqual({ delivered: 1, duplicate: false });
+        await tick(pool, { tasks: t.all });
+        expect(await runState(run.id)).toBe('succeeded');
+      }],
       ['cancel', async () => {
         expect(await cancelRun(pool, runs.later!)).toMatchObject({ cancelled: true, pendingCancelled: 2 });
       }],
@@ -380,6 +390,7 @@ describe('the functions outlive defines', () => {
       `SELECT p.oid::regprocedure::text AS fn, p.proconfig AS config FROM pg_proc p WHERE p.pronamespace = 'outlive'::regnamespace ORDER BY 1`,
     );
     expect(functions.map((f) => f.fn)).toEqual([
+      'outlive.begin_waits(bigint[],integer[],text,timestamp with time zone)',
       'outlive.claim(timestamp with time zone,integer,text[],integer,text,integer,integer)',
       'outlive.claim(timestamp with time zone,integer,text[],integer,text,integer,integer,text[])',
       'outlive.claim_governed(timestamp with time zone,integer,text[],integer,text,integer,integer,text[],boolean)',
@@ -389,6 +400,8 @@ describe('the functions outlive defines', () => {
       'outlive.notify_ready()',
       'outlive.rate_next_start(jsonb,double precision,double precision,double precision,double precision,double precision)',
       'outlive.release_slots(jsonb,timestamp with time zone)',
+      'outlive.send_signal(text,text,jsonb,bigint)',
+      'outlive.signal_lock(text)',
     ]);
     for (const f of functions) expect(f.config, f.fn).toContain('search_path=pg_catalog, pg_temp');
   });

@@ -7,6 +7,7 @@ import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineTask, enqueue, limitStatus, SnoozeError, startRun, step, tick } from '../src/index.js';
 import { MAX_SNOOZES } from '../src/model/task.js';
+import { getTask } from '../src/admin/queries.js';
 import { freshDb } from './support/db.js';
 import { taskRow } from './support/tasks.js';
 
@@ -46,6 +47,7 @@ describe('snooze', () => {
     let row = await taskRow(db.pool, id);
     expect(row).toMatchObject({ state: 'pending', attempts: 1, max_attempts: 2, snoozes: 1, last_error: null, errors: [] });
     expect(new Date(row.run_at).getTime()).toBe(at(30_000).getTime());
+    expect((await getTask(db.pool, id))!.waiting).toBe(`snoozed until ${at(30_000).toISOString()} (1 of ${MAX_SNOOZES})`);
     expect(await tick(db.pool, { tasks: [task], now: at(29_999) })).toMatchObject({ claimed: 0 });
     expect(await tick(db.pool, { tasks: [task], now: at(30_000) })).toMatchObject({ claimed: 1, snoozed: 1 });
     expect(await tick(db.pool, { tasks: [task], now: at(60_000) })).toMatchObject({ claimed: 1, succeeded: 1 });

@@ -7,7 +7,7 @@ import { nobodyRuns, readKnownTasks, type KnownTasks } from '../pass/known-tasks
 import { heldUntil } from '../pass/recover.js';
 import type { RowLimit } from '../model/limits.js';
 import type { RunState, TaskState } from '../model/states.js';
-import { keyWait, progressText, readKeyStates, roomText, type KeyState, type TaskProgress } from './queries.js';
+import { keyWait, progressText, readKeyStates, roomText, WAIT_COLUMNS, waitText, type KeyState, type TaskProgress, type WaitFacts } from './queries.js';
 
 /** One task of a run, explained. */
 export interface ExplainedTask {
@@ -52,7 +52,7 @@ SELECT t.id::text, t.step, t.name, t.state::text, t.attempts, t.max_attempts, t.
                    FROM outlive.task_deps d JOIN outlive.tasks p ON p.id OPERATOR(pg_catalog.=) d.depends_on
                    WHERE d.task_id OPERATOR(pg_catalog.=) t.id AND p.state OPERATOR(pg_catalog.<>) 'succeeded'), '{}')
        ELSE '{}' END AS waiting_for,
-       t.queue, t.limits, t.blocked_on, qp.queue IS NOT NULL AS queue_paused, qp.reason AS queue_paused_reason
+       t.queue, t.limits, t.blocked_on, qp.queue IS NOT NULL AS queue_paused, qp.reason AS queue_paused_reason, ${WAIT_COLUMNS}
 FROM outlive.tasks t LEFT JOIN outlive.queue_pauses qp ON qp.queue OPERATOR(pg_catalog.=) t.queue
 WHERE t.run_id OPERATOR(pg_catalog.=) $1 ORDER BY t.id`;
 
@@ -62,7 +62,7 @@ function list(names: string[]): string {
 }
 
 /** The facts about one task row that say why it is where it is. */
-export interface WhyFacts {
+export interface WhyFacts extends Partial<Omit<WaitFacts, 'name' | 'state' | 'run_at' | 'attempts'>> {
   name: string;
   state: TaskState;
   attempts: number;
@@ -85,6 +85,8 @@ export function why(t: WhyFacts, now: Date, known: KnownTasks, held: string | nu
     case 'pending':
       if (t.waiting_for.length > 0) return `waiting for ${list(t.waiting_for)} to succeed`;
       if (t.run_at > now) {
+        const waiting = t.snoozes === undefined ? null : waitText(t as WhyFacts & WaitFacts, now);
+        if (waiting) return waiting;
         return t.attempts > 0
           ? `backing off until ${t.run_at.toISOString()} after attempt ${t.attempts} of ${t.max_attempts} failed: ${t.last_error ?? 'unknown error'}`
           : `scheduled for ${t.run_at.toISOString()}`;

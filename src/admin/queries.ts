@@ -3,6 +3,8 @@
  * stuck, what failed. The CLI and the dashboard share them, so both tell the
  * same story. Every function takes any {@link Database} (a pg or Neon pool).
  */
+import { WAIT_TASK } from '../model/wait.js';
+import { MAX_SNOOZES } from '../model/task.js';
 import { toExecutor, toPool, type Database, type Executor } from '../db/executor.js';
 import type { ErrorEntry } from '../pass/execute.js';
 import { nobodyRuns, readKnownTasks } from '../pass/known-tasks.js';
@@ -115,6 +117,34 @@ export function progressText(p: TaskProgress | null | undefined): string | null 
   return [count, p.note ?? ''].filter((x) => x !== '').join(' ') || null;
 }
 
+/** The facts of a pending row that say what it waits for on its own: a signal, a time, a snooze. */
+export interface WaitFacts {
+  name: string;
+  state: TaskState;
+  run_at: Date;
+  attempts: number;
+  snoozes: number;
+  wait_key: string | null;
+  /** The attempt of its last error, or null: a snooze writes none. */
+  last_error_attempt: number | null;
+}
+
+/** The columns {@link WaitFacts} reads, for a query of `outlive.tasks` as `t`. */
+export const WAIT_COLUMNS = `t.snoozes, t.wait_key, (t.errors OPERATOR(pg_catalog.->) (pg_catalog.jsonb_array_length(t.errors) OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.->>) 'attempt')::int AS last_error_attempt`;
+
+/**
+ * What a pending row waits for until its time, in words: "waiting for signal
+ * dns:example.com until ...", "sleeping until ...", "snoozed until ... (3 of
+ * 1000)"; null for a row that is due, or backing off after a failure.
+ */
+export function waitText(t: WaitFacts, now: Date): string | null {
+  if (t.state !== 'pending' || t.run_at <= now) return null;
+  const until = t.run_at.toISOString();
+  if (t.name === WAIT_TASK) return t.wait_key !== null ? `waiting for signal ${t.wait_key} until ${until}` : `sleeping until ${until}`;
+  if (t.snoozes > 0 && t.attempts > 0 && t.last_error_attempt !== t.attempts) return `snoozed until ${until} (${t.snoozes} of ${MAX_SNOOZES})`;
+  return null;
+}
+
 /** One task as a list shows it. */
 export interface TaskSummary {
   id: string;
@@ -188,6 +218,8 @@ export interface TaskDetail extends TaskSummary {
   interruptions: number;
   /** What its attempt last said of its progress (`ctx.progress`), with when. */
   progress: TaskProgress | null;
+  /** What it waits for until its time (a signal, a time, a snooze), in words; null if nothing. */
+  waiting: string | null;
   key: string | null;
   leaseOwner: string | null;
   leaseExpiresAt: Date | null;
@@ -204,7 +236,7 @@ export async function getTask(db: Database, id: string): Promise<TaskDetail | nu
   const q = exec(db);
   const [row] = await q.query(
     `SELECT ${TASK_COLUMNS}, priority, input, output, timeout_ms, interruptions, progress, key, lease_owner, ${heldUntil('t')} AS lease_expires_at,
-            started_at, updated_at, errors
+            started_at, updated_at, errors, ${WAIT_COLUMNS}, pg_catalog.now() AS now
      FROM outlive.tasks t WHERE id OPERATOR(pg_catalog.=) $1`,
     [id],
   );
@@ -222,6 +254,7 @@ export async function getTask(db: Database, id: string): Promise<TaskDetail | nu
     timeoutMs: row.timeout_ms as number,
     interruptions: row.interruptions as number,
     progress: (row.progress as TaskProgress | null) ?? null,
+    waiting: waitText(row as unknown as WaitFacts, row.now as Date),
     key: (row.key as string | null) ?? null,
     leaseOwner: (row.lease_owner as string | null) ?? null,
     leaseExpiresAt: (row.lease_expires_at as Date | null) ?? null,

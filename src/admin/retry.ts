@@ -35,7 +35,7 @@ WITH locked AS (
 )
 UPDATE outlive.tasks t
 SET state = 'pending', attempts = 0, max_attempts = max_attempts OPERATOR(pg_catalog.-) interruptions OPERATOR(pg_catalog.-) snoozes, interruptions = 0, snoozes = 0, run_at = coalesce($2::timestamptz, pg_catalog.now()), finished_at = NULL, vt = NULL, blocked_on = NULL,
-    lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($2::timestamptz, pg_catalog.now())
+    lease_owner = NULL, lease_expires_at = NULL, wait_key = NULL, wait_until = NULL, signal = NULL, updated_at = coalesce($2::timestamptz, pg_catalog.now())
 FROM locked WHERE t.id OPERATOR(pg_catalog.=) locked.id
 RETURNING t.id`;
 

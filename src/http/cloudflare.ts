@@ -1,6 +1,7 @@
 /**
  * `outlive/cloudflare`: the Worker's handlers. `scheduled` runs the cron
- * tick, `fetch` serves `POST /drain` and `/dashboard`. An app's Worker is
+ * tick, `fetch` serves `POST /drain`, `POST /signal` (a provider's webhook or
+ * the app's signed call ending the steps waiting on a key) and `/dashboard`. An app's Worker is
  * two lines (an entry module may export nothing but handlers):
  *
  * ```ts
@@ -25,7 +26,8 @@ import { ConfigError, toError } from '../model/errors.js';
 import { handleDashboard } from './dashboard/index.js';
 import { cronPass } from './cron.js';
 import { handleDrain } from './drain.js';
-import { budgetWithin, json, openInvocation, type FunctionsEnv, type TasksFor } from './invocation.js';
+import { handleSignal, signingKey, type SignalRouteOptions } from './signal-route.js';
+import { budgetWithin, json, openInvocation, type FunctionsEnv, type Invocation, type TasksFor } from './invocation.js';
 import type { PgModule, Runtime } from '../db/connect.js';
 
 // The budgets follow the limits Cloudflare documents for Workers Paid
@@ -131,11 +133,25 @@ export interface CloudflareWorkerOptions {
   pg?: PgModule;
   /** `'neon'` keeps Neon's driver even when `pg` is given. */
   driver?: 'pg' | 'neon';
+  /**
+   * The signal endpoint (`POST /signal`): how a provider's webhook becomes a
+   * signal (`toSignal`) and, rarely, its secrets in code (default the
+   * binding `OUTLIVE_SIGNAL_SECRETS`). On by default, with the body
+   * `{ key, payload }`; `false` answers 404 there.
+   */
+  signals?: SignalRouteOptions | false;
 }
 
 /** Builds the Worker for a task list (the default export uses `./tasks.ts`). */
 export function createCloudflareWorker(tasksFor: TasksFor, options: CloudflareWorkerOptions = {}) {
   const runtime: Runtime = { kind: 'workerd', pg: options.pg, driver: options.driver };
+  const signals = options.signals ?? {};
+  if (signals !== false) {
+    signals.secrets?.forEach((s, i) => signingKey(s, `signals.secrets[${i}] of createCloudflareWorker`));
+    if (signals.toSignal !== undefined && typeof signals.toSignal !== 'function') {
+      throw new ConfigError('outlive: createCloudflareWorker: signals.toSignal must be a function');
+    }
+  }
   return {
     /** The cron trigger: recovery, then a bounded pass. */
     async scheduled(controller: ScheduledController, env: FunctionsEnv, ctx: ExecutionContext): Promise<void> {
@@ -148,33 +164,55 @@ export function createCloudflareWorker(tasksFor: TasksFor, options: CloudflareWo
       }
     },
 
-    /** `POST /drain`, the signed webhook; `/dashboard` (token-protected); everything else is 404. */
+    /** `POST /drain`, the signed webhook; `POST /signal`; `/dashboard` (token-protected); everything else is 404. */
     async fetch(request: Request, env: FunctionsEnv, ctx: ExecutionContext): Promise<Response> {
       const pathname = new URL(request.url).pathname;
       if (pathname === '/dashboard' || pathname.startsWith('/dashboard/')) return dashboard(request, env, ctx, tasksFor, runtime);
+      if (signals !== false && (pathname === '/signal' || pathname === '/signal/')) return signalRoute(request, env, ctx, tasksFor, runtime, signals);
       // `/drain/` too: the signature treats the two as one endpoint, as platforms redirect between them.
       if (pathname !== '/drain' && pathname !== '/drain/') return json(404, { error: 'not found' });
-      let inv;
-      try {
-        inv = openInvocation(env, {
-          platform: 'cloudflare',
-          tasks: tasksFor,
-          budgetCeilingMs: workerBudgetMs({ trigger: 'drain', background: mayAnswerAtOnce(request) }, cpuMsOf(env)),
-          waitUntil: (work) => ctx.waitUntil(work),
-          runtime,
-        });
-      } catch (err) {
-        // A ConfigError names a setting, never its value.
-        console.log(JSON.stringify({ outlive: 'drain-misconfigured', error: toError(err).message }));
-        return json(500, { error: 'the drain endpoint is not configured' });
-      }
-      try {
-        return await handleDrain(request, inv);
-      } finally {
-        ctx.waitUntil(inv.close());
-      }
+      const budget = () => workerBudgetMs({ trigger: 'drain', background: mayAnswerAtOnce(request) }, cpuMsOf(env));
+      return serve('drain', env, ctx, tasksFor, runtime, budget, (inv) => handleDrain(request, inv));
     },
   };
+}
+
+/** `POST /signal`: the signal, then its pass in `ctx.waitUntil`, so its budget is the background drain's. */
+async function signalRoute(
+  request: Request,
+  env: FunctionsEnv,
+  ctx: ExecutionContext,
+  tasksFor: TasksFor,
+  runtime: Runtime,
+  options: SignalRouteOptions,
+): Promise<Response> {
+  const budget = () => workerBudgetMs({ trigger: 'drain', background: true }, cpuMsOf(env));
+  return serve('signal', env, ctx, tasksFor, runtime, budget, (inv) => handleSignal(request, inv, options));
+}
+
+/** One request's invocation: opened (a 500 naming no secret if it cannot be), handed to `handle`, closed once the response and its background work are done. */
+async function serve(
+  what: 'drain' | 'signal',
+  env: FunctionsEnv,
+  ctx: ExecutionContext,
+  tasksFor: TasksFor,
+  runtime: Runtime,
+  budget: () => number,
+  handle: (inv: Invocation) => Promise<Response>,
+): Promise<Response> {
+  let inv: Invocation;
+  try {
+    inv = openInvocation(env, { platform: 'cloudflare', tasks: tasksFor, budgetCeilingMs: budget(), waitUntil: (work) => ctx.waitUntil(work), runtime });
+  } catch (err) {
+    // A ConfigError names a setting, never its value.
+    console.log(JSON.stringify({ outlive: `${what}-misconfigured`, error: toError(err).message }));
+    return json(500, { error: `the ${what} endpoint is not configured` });
+  }
+  try {
+    return await handle(inv);
+  } finally {
+    ctx.waitUntil(inv.close());
+  }
 }
 
 /** `/dashboard`: the pages over the invocation's pool, behind `OUTLIVE_DASHBOARD_TOKEN`. */
@@ -199,4 +237,5 @@ async function dashboard(request: Request, env: FunctionsEnv, ctx: ExecutionCont
 }
 
 export type { FunctionsEnv, TaskDeps, TasksFor, Deployment } from './invocation.js';
+export type { SignalCall, SignalFromCall, SignalRouteOptions, ToSignal } from './signal-route.js';
 export type { PgModule, InvocationPool, HyperdriveBinding } from '../db/connect.js';

@@ -93,10 +93,11 @@ function parseBody(bytes: Uint8Array): { queues?: string[] } {
 
 /**
  * Reads the body as the exact bytes received (what the signature covers), or
- * null once it passes {@link MAX_DRAIN_BODY_BYTES} (read no further).
+ * null once it passes `limit`, default {@link MAX_DRAIN_BODY_BYTES} (read no
+ * further). The signal endpoint reads its bodies with it too.
  */
-async function readBody(request: Request): Promise<Uint8Array | null> {
-  if (Number(request.headers.get('content-length') ?? 0) > MAX_DRAIN_BODY_BYTES) return null;
+export async function readBody(request: Request, limit: number = MAX_DRAIN_BODY_BYTES): Promise<Uint8Array | null> {
+  if (Number(request.headers.get('content-length') ?? 0) > limit) return null;
   if (!request.body) return new Uint8Array(0);
   const reader = request.body.getReader();
   const chunks: Uint8Array[] = [];
@@ -105,7 +106,7 @@ async function readBody(request: Request): Promise<Uint8Array | null> {
     const { done, value } = await reader.read();
     if (done) break;
     size += value.byteLength;
-    if (size > MAX_DRAIN_BODY_BYTES) {
+    if (size > limit) {
       await reader.cancel().catch(() => undefined);
       return null;
     }

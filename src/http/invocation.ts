@@ -25,6 +25,15 @@ export interface FunctionsEnv {
   OUTLIVE_DRAIN_SECRET?: string;
   /** The drain's public URLs or endpoint ids, comma-separated, that nudges are signed for; default the URL a request arrives at. */
   OUTLIVE_DRAIN_URL?: string;
+  /**
+   * Signing secrets of the signal endpoint (`POST /signal`) for Standard
+   * Webhooks calls, as providers show them (`whsec_<base64>`; a secret
+   * without the prefix is taken as its UTF-8 bytes), comma- or
+   * space-separated: several while a key rotates, or one per provider. Secret.
+   */
+  OUTLIVE_SIGNAL_SECRETS?: string;
+  /** The signal endpoint's public URLs or endpoint ids, comma-separated, that outlive-signed (v2) signals are signed for; default the URL a request arrives at. */
+  OUTLIVE_SIGNAL_URL?: string;
   /** Vercel's cron secret, sent as `Authorization: Bearer ...`. Secret. */
   CRON_SECRET?: string;
   /** The dashboard's token (`/dashboard`); without it the dashboard answers 401. Secret. */
@@ -116,13 +125,20 @@ export interface InvocationOptions {
   write?: (line: string) => void;
 }
 
-const SECRET_NAMES = ['DATABASE_URL', 'OUTLIVE_DRAIN_SECRET', 'CRON_SECRET', 'OUTLIVE_DASHBOARD_TOKEN'] as const;
+const SECRET_NAMES = ['DATABASE_URL', 'OUTLIVE_DRAIN_SECRET', 'CRON_SECRET', 'OUTLIVE_DASHBOARD_TOKEN', 'OUTLIVE_SIGNAL_SECRETS'] as const;
 
 function secretsOf(env: FunctionsEnv): string[] {
   const secrets: string[] = [];
   for (const name of SECRET_NAMES) {
     const value = env[name];
     if (typeof value === 'string' && value.length >= 4) secrets.push(value);
+  }
+  // Each signal secret on its own too, with and without its prefix: a log may quote one entry of the list.
+  const signalSecrets = env.OUTLIVE_SIGNAL_SECRETS;
+  if (typeof signalSecrets === 'string') {
+    for (const entry of signalSecrets.split(/[\s,]+/)) {
+      for (const s of [entry, entry.replace(/^whsec_/, '')]) if (s.length >= 4) secrets.push(s);
+    }
   }
   // Hyperdrive's connection string holds credentials it generated.
   const hyperdrive = (env.HYPERDRIVE as { connectionString?: unknown } | undefined)?.connectionString;

@@ -3,7 +3,9 @@
  * transaction that enqueued a task has committed, so a pass starts at once
  * instead of at the next cron tick.
  *
- * A nudge carries no work and no authority over rows. Losing one is harmless
+ * A nudge carries no work and no authority over rows (the same secret signs
+ * the app's own calls to the signal route, src/http/signal-route.ts, which
+ * do end waits). Losing one is harmless
  * (the row is the truth; the next cron tick claims the task), and so is a
  * duplicate (passes claim disjoint tasks). What the signature protects is the
  * endpoint: without the shared secret nobody can make it run passes.

@@ -1,7 +1,8 @@
 /**
  * `outlive/vercel`: Vercel routes as Web `Request` to `Response` handlers:
  * the cron route (`GET`, `Authorization: Bearer <CRON_SECRET>`), the drain
- * route (`POST`, signed) and the dashboard. An app's files under `api/` are a
+ * route (`POST`, signed), the signal route (`POST`, Standard Webhooks or
+ * outlive-signed: `createSignalRoute`) and the dashboard. An app's files under `api/` are a
  * line or two each:
  *
  * ```ts
@@ -23,8 +24,9 @@
 import { handleCronRequest } from './cron.js';
 import { handleDashboard } from './dashboard/index.js';
 import { handleDrain } from './drain.js';
+import { handleSignal, signingKey, type SignalRouteOptions } from './signal-route.js';
 import { budgetWithin, json, openInvocation, type FunctionsEnv, type Invocation, type TasksFor } from './invocation.js';
-import { toError } from '../model/errors.js';
+import { ConfigError, toError } from '../model/errors.js';
 import type { DriverName, PgModule, Runtime } from '../db/connect.js';
 
 // The budget follows the limits Vercel documents (vercel.com/docs/functions/
@@ -205,6 +207,40 @@ export function createDrainRoute(tasksFor: TasksFor, options: RouteOptions = {})
   };
 }
 
+/**
+ * Builds the signal route's `POST` handler for a task list: a provider's
+ * webhook (Standard Webhooks, verified with `secrets`, default
+ * `OUTLIVE_SIGNAL_SECRETS`) or the app's own signed call ends the steps
+ * waiting on a key, then a pass runs them on (in Vercel's `waitUntil` after
+ * answering, where there is one). Throws ConfigError at once for a secret
+ * given in `secrets` that cannot be a key.
+ *
+ * ```ts
+ * // api/signal.ts
+ * export const POST = createSignalRoute(tasks, {
+ *   toSignal: ({ body }) => {
+ *     const event = body as { type: string; data: { id: string } };
+ *     return event.type === 'response.completed' ? { key: `openai:${event.data.id}`, payload: event.data } : null;
+ *   },
+ * });
+ * ```
+ */
+export function createSignalRoute(tasksFor: TasksFor, options: SignalRouteOptions & RouteOptions = {}) {
+  const { secrets, toSignal, ...routeOptions } = options;
+  secrets?.forEach((s, i) => signingKey(s, `secrets[${i}] of createSignalRoute`));
+  if (toSignal !== undefined && typeof toSignal !== 'function') throw new ConfigError('outlive: createSignalRoute: toSignal must be a function');
+  const signalOptions: SignalRouteOptions = { ...(secrets ? { secrets } : {}), ...(toSignal ? { toSignal } : {}) };
+  return async function POST(request: Request): Promise<Response> {
+    const opened = await open(tasksFor, routeOptions, { background: true });
+    if (opened instanceof Response) return opened;
+    try {
+      return await handleSignal(request, opened.inv, signalOptions);
+    } finally {
+      await close(opened);
+    }
+  };
+}
+
 /** Where the dashboard is mounted on Vercel. */
 export const VERCEL_DASHBOARD_PATH = '/api/dashboard';
 
@@ -228,4 +264,5 @@ export function createDashboardRoute(tasksFor: TasksFor, options: RouteOptions &
 }
 
 export type { FunctionsEnv, TaskDeps, TasksFor, Deployment } from './invocation.js';
+export type { SignalCall, SignalFromCall, SignalRouteOptions, ToSignal } from './signal-route.js';
 export type { DriverName, InvocationPool } from '../db/connect.js';

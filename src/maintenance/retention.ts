@@ -37,6 +37,8 @@ export interface RetentionReport {
   runs: number;
   /** Records of fired schedule slots. */
   slots: number;
+  /** Signals past their `keepMs` (src/write/signal.ts): kept ones no wait took, and the ids of consumed ones. */
+  signals: number;
   /** DELETE statements run. */
   batches: number;
   /** True when the call stopped at `maxRows` with work left: call again. */
@@ -117,21 +119,29 @@ WITH doomed AS (
 )
 SELECT pg_catalog.count(*)::int AS n FROM gone`;
 
-// A fired slot can never be fired again once its schedule's next_slot has
-// passed it (next_slot only moves forward), so old slot rows are history only.
-const DELETE_SLOTS = `
+// Rows of `table` whose `column` is before $1, oldest first, $2 at most,
+// found by their primary key `keys`.
+const deleteBefore = (table: string, keys: readonly string[], column: string) => `
 WITH doomed AS (
-  SELECT schedule, slot FROM outlive.schedule_slots
-  WHERE slot OPERATOR(pg_catalog.<) $1::timestamptz
-  ORDER BY slot
+  SELECT ${keys.join(', ')} FROM outlive.${table}
+  WHERE ${column} OPERATOR(pg_catalog.<) $1::timestamptz
+  ORDER BY ${column}
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ), gone AS (
-  DELETE FROM outlive.schedule_slots s USING doomed
-  WHERE s.schedule OPERATOR(pg_catalog.=) doomed.schedule AND s.slot OPERATOR(pg_catalog.=) doomed.slot
+  DELETE FROM outlive.${table} x USING doomed
+  WHERE ${keys.map((k) => `x.${k} OPERATOR(pg_catalog.=) doomed.${k}`).join(' AND ')}
   RETURNING 1
 )
 SELECT pg_catalog.count(*)::int AS n FROM gone`;
+
+// A fired slot can never be fired again once its schedule's next_slot has
+// passed it (next_slot only moves forward), so old slot rows are history only.
+const DELETE_SLOTS = deleteBefore('schedule_slots', ['schedule', 'slot'], 'slot');
+
+// A signal past its keep is neither taken by a wait (begin_waits skips it)
+// nor needed to know its id again: the sender set that window.
+const DELETE_SIGNALS = deleteBefore('signals', ['key', 'id'], 'expires_at');
 
 function positive(name: string, value: number | undefined, fallback: number, integer = false): number {
   const v = value ?? fallback;
@@ -155,7 +165,7 @@ export function retentionConfig(options: RetentionOptions = {}) {
 
 /**
  * Deletes finished tasks, runs and schedule-slot records older than their
- * retention age, in batches, and reports how many of each.
+ * retention age, and signals past their keep, in batches, and reports how many of each.
  *
  * ```ts
  * const r = await applyRetention(pool, { succeededMs: 3 * 86_400_000 });
@@ -174,7 +184,7 @@ export async function applyRetention(db: Database, options: RetentionOptions = {
   const ago = (ms: number) => new Date(now.getTime() - ms);
   const succeededBefore = ago(cfg.succeededMs);
   const failedBefore = ago(cfg.failedMs);
-  const report: RetentionReport = { tasks: 0, runTasks: 0, runs: 0, slots: 0, batches: 0, more: false, durationMs: 0 };
+  const report: RetentionReport = { tasks: 0, runTasks: 0, runs: 0, slots: 0, signals: 0, batches: 0, more: false, durationMs: 0 };
 
   let deleted = 0;
   // Runs one kind of batch until it comes back short (nothing more of that
@@ -206,6 +216,7 @@ export async function applyRetention(db: Database, options: RetentionOptions = {
   report.runTasks += await drain(DELETE_RUN_TASKS, [succeededBefore, failedBefore]);
   report.runs += await drain(DELETE_RUNS, [succeededBefore, failedBefore]);
   report.slots += await drain(DELETE_SLOTS, [ago(cfg.slotsMs)]);
+  report.signals += await drain(DELETE_SIGNALS, [now]);
   report.durationMs = Math.round(performance.now() - started);
   return report;
 }

@@ -31,3 +31,6 @@ export function storableText(text: string): string {
   const wellFormed = (text as string & { toWellFormed?: () => string }).toWellFormed?.() ?? text;
   return wellFormed.includes('\u0000') ? wellFormed.replaceAll('\u0000', '\\0') : wellFormed;
 }
+
+/** Largest serialised output a task may store, and so the largest signal payload: 1 MiB. */
+export const MAX_OUTPUT_BYTES = 1_048_576;

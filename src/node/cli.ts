@@ -533,6 +533,7 @@ function registerTask(program: Command, io: CliIo): void {
         io.out(`task ${t.id} ${t.name}: ${t.state}`);
         io.out(`  queue ${t.queue}, priority ${t.priority}, attempts ${t.attempts} of ${t.maxAttempts}${t.interruptions > 0 ? `, ${t.interruptions} interrupted (not counted)` : ''}, timeout ${t.timeoutMs} ms`);
         if (t.progress) io.out(`  progress ${progressText(t.progress) ?? '-'} (at ${t.progress.at})`);
+        if (t.waiting) io.out(`  ${t.waiting}`);
         if (t.runId) io.out(`  run ${t.runId}, step ${t.step}`);
         if (t.key) io.out(`  key ${t.key}`);
         io.out(`  created ${t.createdAt.toISOString()} (${ago(t.createdAt, now)}), run at ${t.runAt.toISOString()}`);

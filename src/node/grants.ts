@@ -49,7 +49,8 @@ export const TABLE_PRIVILEGES: Readonly<Record<string, Partial<Record<Kind, stri
       // fair_key and vt: the turn of a task with fairness (outlive.fair_start).
       'SELECT (id, name, queue, state, run_at, key, step, fair_key, vt)',
     worker: 'SELECT, INSERT, UPDATE, DELETE',
-    dashboard: 'SELECT, UPDATE (state, attempts, max_attempts, interruptions, snoozes, run_at, finished_at, lease_owner, lease_expires_at, updated_at, waiting_on, last_error, vt, blocked_on)',
+    dashboard:
+      'SELECT, UPDATE (state, attempts, max_attempts, interruptions, snoozes, run_at, finished_at, lease_owner, lease_expires_at, updated_at, waiting_on, last_error, vt, blocked_on, wait_key, wait_until, signal)',
   },
   runs: {
     app: 'INSERT (name, unfinished), SELECT (id)',
@@ -69,6 +70,8 @@ export const TABLE_PRIVILEGES: Readonly<Record<string, Partial<Record<Kind, stri
   limits: { worker: 'SELECT, INSERT, UPDATE', dashboard: 'SELECT, INSERT, UPDATE' },
   fairness: { app: 'SELECT (queue, key, weight)', worker: 'SELECT', dashboard: 'SELECT, INSERT, UPDATE, DELETE' },
   queue_pauses: { worker: 'SELECT', dashboard: 'SELECT, INSERT, UPDATE, DELETE' },
+  // The app signals through outlive.send_signal, which runs as the schema's owner: it needs nothing here.
+  signals: { worker: 'SELECT, UPDATE, DELETE', dashboard: 'SELECT' },
 };
 
 /** The sequences of the serial ids the parts write (USAGE: nextval). */
@@ -90,12 +93,15 @@ export const FUNCTION_CALLERS: Readonly<Record<string, readonly Kind[]>> = {
   'release_slots(pg_catalog.jsonb, pg_catalog.timestamptz)': ['worker', 'dashboard'],
   'rate_next_start(pg_catalog.jsonb, pg_catalog.float8, pg_catalog.float8, pg_catalog.float8, pg_catalog.float8, pg_catalog.float8)': ['worker', 'dashboard'],
   'fair_start(pg_catalog.text, pg_catalog.text)': ['app', 'worker'],
+  'send_signal(pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.int8)': ['app', 'worker'],
+  'begin_waits(pg_catalog.int8[], pg_catalog.int4[], pg_catalog.text, pg_catalog.timestamptz)': ['worker'],
+  'signal_lock(pg_catalog.text)': ['worker'],
   'enqueue_keyed(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.int4, pg_catalog.timestamptz, pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.bool)': ['app', 'worker'],
 };
 
 const WHAT: Record<Kind, string> = {
-  app: 'enqueue, enqueueMany, batchEnqueue, startRun (nudge needs no database)',
-  worker: 'passes (claim, settle, recovery, leases, spawns), schedules, retention, the drain\'s nonces',
+  app: 'enqueue, enqueueMany, batchEnqueue, startRun, signal (nudge needs no database)',
+  worker: 'passes (claim, settle, recovery, leases, spawns, waits), schedules, retention, the drain\'s nonces, the signal route',
   dashboard: 'the pages and `outlive status`, tasks, runs, run, task; retry and cancel',
 };
 

@@ -7,15 +7,14 @@ import { formatIssues } from '../model/checks.js';
 import { backoffDelay } from '../model/backoff.js';
 import type { ClaimedTask } from './claim.js';
 import { InvalidGraphError, NonRetriableError, RateLimitedError, RetryAfterError, SnoozeError, toError } from '../model/errors.js';
-import { storableText, unstorableJson, utf8Bytes } from '../model/json.js';
+import { MAX_OUTPUT_BYTES, storableText, unstorableJson, utf8Bytes } from '../model/json.js';
 import type { Executor } from '../db/executor.js';
 import { checkGraph } from '../model/graph.js';
 import { MAX_STEPS_PER_WRITE, prepareStep, type PreparedStep, type Step } from '../model/step.js';
 import { MAX_SNOOZES, type AnyTask, type Progress, type TaskContext } from '../model/task.js';
 import { isThenable, validate, type Validation } from '../model/input-schema.js';
 
-/** Largest serialised output a task may store: 1 MiB. */
-export const MAX_OUTPUT_BYTES = 1_048_576;
+export { MAX_OUTPUT_BYTES };
 
 /** One attempt's error as kept in the row's history. */
 export interface ErrorEntry {

@@ -19,6 +19,8 @@ import { announceTasks } from './known-tasks.js';
 import { recover } from './recover.js';
 import { taskRegistry, type TaskList } from '../model/task.js';
 import { checkName } from '../model/checks.js';
+import { WAIT_TASK } from '../model/wait.js';
+import { beginWaits } from './wait.js';
 
 /** Options of one pass. */
 export interface TickOptions {
@@ -117,6 +119,8 @@ export interface TickReport {
   released: number;
   /** Tasks that said "not yet" (SnoozeError): pending again after their delay, attempt not counted. */
   snoozed: number;
+  /** Waits (waitFor, sleepStep) this pass parked until their signal or deadline; those it ended count as succeeded or failed. */
+  parked: number;
   durationMs: number;
   /**
    * Why the pass ended: `drained` when no ready task's timeout fitted in what
@@ -189,6 +193,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     lostLeases: 0,
     released: 0,
     snoozed: 0,
+    parked: 0,
     durationMs: 0,
     stoppedBy: 'drained',
   };
@@ -265,6 +270,18 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     });
   };
 
+  // Waits claimed take no handler: each claim's are begun in one statement, beside the handlers.
+  let beginning = 0;
+  const begin = (rows: ClaimedTask[]) => {
+    beginning++;
+    void beginWaits(exec, rows, owner, now).then(({ outcomes, parked }) => {
+      report.parked += parked;
+      beginning--;
+      for (const outcome of outcomes) settler.push(outcome);
+      progress();
+    });
+  };
+
   // Claimed rows wait here for a free slot, in claim order.
   const buffer: { row: ClaimedTask; at: number }[] = [];
   const staleAfterMs = leaseGraceMs / 2;
@@ -302,7 +319,8 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // round trips (docs/benchmarks.md, run G and after).
   // First the pass says which task names it knows (one statement, writing a
   // name at most once a minute), then recovers.
-  const names = [...registry.keys()];
+  // Every pass begins waits: they run no handler of the app's.
+  const names = registry.has(WAIT_TASK) ? [...registry.keys()] : [...registry.keys(), WAIT_TASK];
   let background = true;
   const recovering = (async () => {
     await announceTasks(exec, names, claimable, now, pool);
@@ -348,7 +366,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       // Everything finished, and nothing can have become ready through us
       // since the queue came back dry: done, without one more claim to find
       // it empty (new enqueues wake the next pass through their NOTIFY or nudge).
-      if (dry() && running === 0 && settler.unsettled === 0 && buffer.length === 0) {
+      if (dry() && running === 0 && beginning === 0 && settler.unsettled === 0 && buffer.length === 0) {
         if (!background) break;
         await recovering;
         continue;
@@ -388,14 +406,19 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         if (short) dryAt = seen;
         else if (wantPlain || governed < rows.length) dryAt = -1;
         if (governedLimit > 0) governedMore = governed === governedLimit;
-        for (const row of rows) buffer.push({ row, at });
+        let waits: ClaimedTask[] | null = null;
+        for (const row of rows) {
+          if (row.name === WAIT_TASK) (waits ??= []).push(row);
+          else buffer.push({ row, at });
+        }
+        if (waits) begin(waits);
         fill();
         // A full batch means there may be more: claim again while there is
         // room. A short one means the queue ran dry for now: wait for a
         // settle that may have made work ready, or a wake-up, unless one
         // came while this claim was in flight. With nothing left to wait
         // for, the top of the loop decides whether the pass is done.
-        const idle = running === 0 && settler.unsettled === 0 && buffer.length === 0;
+        const idle = running === 0 && beginning === 0 && settler.unsettled === 0 && buffer.length === 0;
         if (idle || ((!short || readyCount !== seen) && running + buffer.length < capacity)) continue;
       }
       await nextProgress();
@@ -407,7 +430,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // Hand back what was claimed but not started; let what was started finish
   // (each handler is bounded by its timeout, which fits in the budget) and settle.
   for (const { row } of buffer.splice(0)) handBack(row);
-  while (running > 0 || settler.unsettled > 0) {
+  while (running > 0 || beginning > 0 || settler.unsettled > 0) {
     await nextProgress();
   }
   await settler.flush();

@@ -188,6 +188,7 @@ export function taskPage(ctx: PageContext, t: TaskDetail): string {
 <dt>queue</dt><dd>${t.queue} (priority ${t.priority})</dd>
 <dt>attempts</dt><dd>${t.attempts} of ${t.maxAttempts}${t.interruptions > 0 ? `, ${t.interruptions} interrupted (not counted)` : ''}, timeout ${t.timeoutMs} ms</dd>
 ${t.progress ? html`<dt>progress</dt><dd class="progress">${progressText(t.progress) ?? '-'} <span class="muted">${when(new Date(t.progress.at), ctx.now)}</span></dd>` : ''}
+${t.waiting ? html`<dt>waiting</dt><dd>${t.waiting}</dd>` : ''}
 ${t.runId ? html`<dt>run</dt><dd><a href="${ctx.basePath}/runs/${t.runId}">#${t.runId}</a>, step ${t.step ?? '-'}</dd>` : ''}
 ${t.dependsOn.length ? html`<dt>waits for</dt><dd>${t.dependsOn.map((d) => html`<a href="${ctx.basePath}/tasks/${d.id}">${d.step ?? `#${d.id}`}</a> ${badge(d.state)} `)}</dd>` : ''}
 ${t.key ? html`<dt>key</dt><dd>${t.key}</dd>` : ''}

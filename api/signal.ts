@@ -1,0 +1,1 @@
+export { POST } from '../functions/vercel/signal.js';
