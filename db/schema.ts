@@ -246,9 +246,9 @@ export const queuePauses = outlive.table('queue_pauses', {
 
 /**
  * Signals (issue 27): one row per (key, id) sent by `signal()`. A signal that
- * found parked waits on its key is written onto them and marked consumed; one
- * that found none is kept until `expires_at` for the first wait on its key to
- * take when it parks. Kept past consumption until `expires_at`, so the same
+ * found parked waits on its key ended them and is marked consumed; one that
+ * found none is kept until `expires_at` for the first wait on its key to
+ * take when it begins. Kept past consumption until `expires_at`, so the same
  * id sent again (a webhook redelivered) is known and changes nothing.
  * Written by `outlive.send_signal` and `outlive.begin_waits` (migration
  * 0017), pruned by retention.
@@ -268,7 +268,7 @@ export const signals = outlive.table(
   },
   (t) => [
     primaryKey({ columns: [t.key, t.id] }),
-    // The kept signals of a key, oldest first: what a wait takes when it parks.
+    // The kept signals of a key, oldest first: what a wait takes when it begins.
     index('signals_kept_idx').on(t.key, t.sentAt, t.id).where(sql`${t.consumedAt} IS NULL`),
     index('signals_expires_idx').on(t.expiresAt),
     check('signals_delivered_check', sql`${t.delivered} >= 0 AND (${t.consumedAt} IS NULL) = (${t.delivered} = 0)`),

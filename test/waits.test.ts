@@ -8,6 +8,7 @@ import { z } from 'zod';
 import {
   applyRetention,
   defineTask,
+  enqueue,
   explainRun,
   recover,
   retryRun,
@@ -214,6 +215,28 @@ describe('waitFor', () => {
     expect(await applyRetention(db.pool, { now: new Date(Date.now() + 60_000) })).toMatchObject({ signals: 1 });
     const left = await db.rows<{ key: string }>('SELECT key FROM outlive.signals');
     expect(left).toEqual([{ key: 'long' }]);
+  });
+
+  it('lets a task due behind a storm of deadlines start before the storm is over', async () => {
+    await clear();
+    for (let i = 0; i < 300; i += 100) {
+      await db.pool.query('BEGIN');
+      for (let j = i; j < i + 100; j++) await startRun(db.pool, 'storm', { w: waitFor(`storm:${j}`, { onTimeout: { value: null } }) });
+      await db.pool.query('COMMIT');
+    }
+    expect(await pass(at(0), { concurrency: 50 })).toMatchObject({ parked: 300 });
+    // Every deadline at one instant, before the plain task was enqueued: the claim's order puts them all first.
+    await db.pool.query(`UPDATE outlive.tasks SET run_at = now() - interval '1 second', wait_until = now() - interval '1 second' WHERE name = '$wait'`);
+    const plain = defineTask({ name: 'plain', input: z.object({}), run: () => 'ran' });
+    const { id } = await enqueue(db.pool, plain, {});
+    const r = await tick(db.pool, { tasks: [plain], concurrency: 2 });
+    expect(r).toMatchObject({ claimed: 1, succeeded: 301 });
+    const [order] = await db.rows<{ before: number }>(
+      `SELECT count(*)::int AS before FROM outlive.tasks w, outlive.tasks p WHERE w.name = '$wait' AND p.id = $1 AND w.started_at < p.started_at`,
+      [id],
+    );
+    // Claimed after a batch or two of waits, not after all 300.
+    expect(order!.before).toBeLessThan(100);
   });
 
   it('refuses bad keys and options before anything is written', async () => {

@@ -8,6 +8,11 @@
 -- before they read, and each statement after the lock reads a fresh
 -- snapshot (plpgsql in READ COMMITTED), so a signal and a wait on one key
 -- never both miss each other: the second to lock sees what the first wrote.
+-- A signal that finds waits parked settles them itself, in its own
+-- transaction, through the statements a pass's settle applies to a run
+-- (outlive.release_dependents, outlive.finish_runs, called by
+-- src/pass/run-effects.ts too), so the step after a wait is ready the moment
+-- the signal commits.
 CREATE TABLE "outlive"."signals" (
 	"key" text NOT NULL,
 	"id" text NOT NULL,
@@ -32,9 +37,57 @@ CREATE FUNCTION "outlive"."signal_lock"(key text) RETURNS bigint
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT pg_catalog.hashtextextended('outlive.signal:' OPERATOR(pg_catalog.||) key, 0) $$;--> statement-breakpoint
+CREATE FUNCTION "outlive"."release_dependents"(p_ids bigint[], p_now timestamptz)
+RETURNS TABLE (ready integer, notified integer)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  -- Each dependent once per dependency that just succeeded, locked in id
+  -- order; the NOTIFY wakes listening workers for the tasks this made ready.
+  RETURN QUERY
+  WITH c AS (
+    SELECT d.task_id, pg_catalog.count(*)::int AS n FROM outlive.task_deps d WHERE d.depends_on = ANY (p_ids) GROUP BY d.task_id
+  ), locked AS (
+    SELECT t.id, c.n FROM outlive.tasks t JOIN c ON c.task_id = t.id
+    WHERE t.state = 'pending' ORDER BY t.id FOR UPDATE OF t
+  ), upd AS (
+    UPDATE outlive.tasks t SET waiting_on = t.waiting_on - locked.n, updated_at = coalesce(p_now, now())
+    FROM locked WHERE t.id = locked.id
+    RETURNING t.queue, t.waiting_on
+  )
+  SELECT pg_catalog.count(*) FILTER (WHERE upd.waiting_on = 0)::int,
+         (SELECT pg_catalog.count(pg_catalog.pg_notify('outlive', q.queue))
+          FROM (SELECT DISTINCT u.queue FROM upd u WHERE u.waiting_on = 0) q)::int
+  FROM upd;
+END
+$$;--> statement-breakpoint
+-- Each run's count of unfinished tasks moved by its delta, its first failed
+-- task kept, and its final state taken when the count reaches 0; runs in id
+-- order, after their tasks.
+CREATE FUNCTION "outlive"."finish_runs"(p_now timestamptz, p_ids bigint[], p_deltas integer[], p_failed bigint[], p_errors text[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  UPDATE outlive.runs r
+  SET unfinished = r.unfinished + d.delta,
+      failed_task_id = coalesce(r.failed_task_id, d.failed_task_id),
+      error = coalesce(r.error, d.error),
+      state = CASE WHEN r.state = 'running' AND (r.unfinished + d.delta) <= 0
+                   THEN CASE WHEN coalesce(r.failed_task_id, d.failed_task_id) IS NULL THEN 'succeeded' ELSE 'failed' END::outlive.run_state
+                   ELSE r.state END,
+      finished_at = CASE WHEN r.state = 'running' AND (r.unfinished + d.delta) <= 0 THEN coalesce(p_now, now()) ELSE r.finished_at END,
+      updated_at = coalesce(p_now, now())
+  FROM ROWS FROM (pg_catalog.unnest(p_ids), pg_catalog.unnest(p_deltas), pg_catalog.unnest(p_failed), pg_catalog.unnest(p_errors))
+       AS d(id, delta, failed_task_id, error)
+  WHERE r.id = d.id;
+END
+$$;--> statement-breakpoint
 -- A signal: kept under (key, id), so the same id again changes nothing;
--- written onto every wait parked on its key (which the claim then finds due),
--- or kept until expires_at for the first wait that parks on it.
+-- it ends every wait parked on its key, or is kept until expires_at for the
+-- first wait on the key to begin.
 CREATE FUNCTION "outlive"."send_signal"(p_key text, p_id text, p_payload jsonb, p_keep_ms bigint)
 RETURNS TABLE (delivered integer, duplicate boolean)
 LANGUAGE plpgsql
@@ -44,6 +97,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   n integer;
+  ids bigint[];
+  runs bigint[];
+  deltas integer[];
 BEGIN
   PERFORM pg_catalog.pg_advisory_xact_lock(outlive.signal_lock(p_key));
   INSERT INTO outlive.signals (key, id, payload, sent_at, expires_at)
@@ -53,16 +109,32 @@ BEGIN
     RETURN QUERY SELECT 0, true;
     RETURN;
   END IF;
-  WITH woken AS (
-    UPDATE outlive.tasks t
-    SET signal = pg_catalog.jsonb_build_object('id', p_id, 'payload', p_payload), run_at = now(), updated_at = now()
+  -- The parked waits of the key, locked in id order as settles lock them,
+  -- settled with the payload; then their runs move on as a pass's settle moves them.
+  WITH locked AS (
+    SELECT t.id FROM outlive.tasks t
     WHERE t.wait_key = p_key AND t.state = 'pending' AND t.signal IS NULL
-    RETURNING t.queue
-  ), notified AS (
-    SELECT pg_catalog.pg_notify('outlive', w.queue) FROM (SELECT DISTINCT queue FROM woken) w
+    ORDER BY t.id FOR UPDATE
+  ), done AS (
+    UPDATE outlive.tasks t
+    SET state = 'succeeded', output = p_payload, signal = pg_catalog.jsonb_build_object('id', p_id, 'payload', p_payload),
+        finished_at = now(), updated_at = now()
+    FROM locked WHERE t.id = locked.id AND t.state = 'pending'
+    RETURNING t.id, t.run_id
+  ), per_run AS (
+    SELECT d.run_id, pg_catalog.count(*)::int AS n FROM done d WHERE d.run_id IS NOT NULL GROUP BY d.run_id
   )
-  SELECT (SELECT pg_catalog.count(*) FROM woken)::int INTO n FROM (SELECT pg_catalog.count(*) FROM notified) x;
+  SELECT (SELECT pg_catalog.count(*)::int FROM done),
+         (SELECT coalesce(pg_catalog.array_agg(d.id ORDER BY d.id), '{}') FROM done d),
+         (SELECT coalesce(pg_catalog.array_agg(p.run_id ORDER BY p.run_id), '{}') FROM per_run p),
+         (SELECT coalesce(pg_catalog.array_agg(-p.n ORDER BY p.run_id), '{}') FROM per_run p)
+  INTO n, ids, runs, deltas;
   IF n > 0 THEN
+    PERFORM * FROM outlive.release_dependents(ids, now());
+    IF pg_catalog.cardinality(runs) > 0 THEN
+      PERFORM outlive.finish_runs(now(), runs, deltas, pg_catalog.array_fill(NULL::bigint, ARRAY[pg_catalog.cardinality(runs)]),
+                                  pg_catalog.array_fill(NULL::text, ARRAY[pg_catalog.cardinality(runs)]));
+    END IF;
     UPDATE outlive.signals SET consumed_at = now(), delivered = n WHERE key = p_key AND id = p_id;
   END IF;
   RETURN QUERY SELECT n, false;

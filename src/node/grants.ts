@@ -95,6 +95,8 @@ export const FUNCTION_CALLERS: Readonly<Record<string, readonly Kind[]>> = {
   'fair_start(pg_catalog.text, pg_catalog.text)': ['app', 'worker'],
   'send_signal(pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.int8)': ['app', 'worker'],
   'begin_waits(pg_catalog.int8[], pg_catalog.int4[], pg_catalog.text, pg_catalog.timestamptz)': ['worker'],
+  'release_dependents(pg_catalog.int8[], pg_catalog.timestamptz)': ['worker'],
+  'finish_runs(pg_catalog.timestamptz, pg_catalog.int8[], pg_catalog.int4[], pg_catalog.int8[], pg_catalog.text[])': ['worker'],
   'signal_lock(pg_catalog.text)': ['worker'],
   'enqueue_keyed(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.int4, pg_catalog.timestamptz, pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.bool)': ['app', 'worker'],
 };

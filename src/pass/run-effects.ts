@@ -24,23 +24,10 @@ export interface RunRow {
   step: string | null;
 }
 
-// Decrement each dependent once per dependency that just succeeded. The
-// NOTIFY wakes listening workers for tasks this made ready.
-const RELEASE_SQL = `
-WITH c AS (
-  SELECT task_id, pg_catalog.count(*)::int AS n FROM outlive.task_deps WHERE depends_on OPERATOR(pg_catalog.=) ANY ($1::bigint[]) GROUP BY task_id
-), locked AS (
-  SELECT t.id, c.n FROM outlive.tasks t JOIN c ON c.task_id OPERATOR(pg_catalog.=) t.id
-  WHERE t.state OPERATOR(pg_catalog.=) 'pending' ORDER BY t.id FOR UPDATE OF t
-), upd AS (
-  UPDATE outlive.tasks t SET waiting_on = t.waiting_on OPERATOR(pg_catalog.-) locked.n, updated_at = coalesce($2::timestamptz, pg_catalog.now())
-  FROM locked WHERE t.id OPERATOR(pg_catalog.=) locked.id
-  RETURNING t.queue, t.waiting_on
-)
-SELECT pg_catalog.count(*) FILTER (WHERE waiting_on OPERATOR(pg_catalog.=) 0)::int AS ready,
-       (SELECT pg_catalog.count(pg_catalog.pg_notify('outlive', q.queue))
-        FROM (SELECT DISTINCT queue FROM upd WHERE waiting_on OPERATOR(pg_catalog.=) 0) q)::int AS notified
-FROM upd`;
+// Decrement each dependent once per dependency that just succeeded, and
+// NOTIFY for those this made ready: a function (migration 0017), since a
+// signal settling a wait runs the same statement.
+const RELEASE_SQL = 'SELECT ready, notified FROM outlive.release_dependents($1::bigint[], $2::timestamptz)';
 
 // Every pending task downstream of a failed one: none of them can ever start.
 const SKIP_SQL = `
@@ -57,20 +44,8 @@ SET state = 'skipped', last_error = $3, finished_at = coalesce($2::timestamptz, 
 FROM locked WHERE t.id OPERATOR(pg_catalog.=) locked.id
 RETURNING t.id::text`;
 
-const FINISH_RUNS_SQL = `
-UPDATE outlive.runs r
-SET unfinished = r.unfinished OPERATOR(pg_catalog.+) d.delta,
-    failed_task_id = coalesce(r.failed_task_id, d.failed_task_id),
-    error = coalesce(r.error, d.error),
-    state = CASE WHEN r.state OPERATOR(pg_catalog.=) 'running' AND (r.unfinished OPERATOR(pg_catalog.+) d.delta) OPERATOR(pg_catalog.<=) 0
-                 THEN CASE WHEN coalesce(r.failed_task_id, d.failed_task_id) IS NULL THEN 'succeeded' ELSE 'failed' END::outlive.run_state
-                 ELSE r.state END,
-    finished_at = CASE WHEN r.state OPERATOR(pg_catalog.=) 'running' AND (r.unfinished OPERATOR(pg_catalog.+) d.delta) OPERATOR(pg_catalog.<=) 0
-                       THEN coalesce($1::timestamptz, pg_catalog.now()) ELSE r.finished_at END,
-    updated_at = coalesce($1::timestamptz, pg_catalog.now())
-FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::int[]), pg_catalog.unnest($4::bigint[]), pg_catalog.unnest($5::text[]))
-     AS d(id, delta, failed_task_id, error)
-WHERE r.id OPERATOR(pg_catalog.=) d.id`;
+// Each run's unfinished count moved, its final state taken at 0 (migration 0017; a signal runs it too).
+const FINISH_RUNS_SQL = 'SELECT outlive.finish_runs($1::timestamptz, $2::bigint[], $3::int[], $4::bigint[], $5::text[])';
 
 // Steps a spawn refers to (or would collide with) are locked first, so a
 // dependency that is settling right now either committed already (and is

@@ -270,7 +270,10 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     });
   };
 
-  // Waits claimed take no handler: each claim's are begun in one statement, beside the handlers.
+  // Waits claimed take no handler: each claim's are begun in one statement,
+  // beside the handlers, one such statement at a time; meanwhile claims leave
+  // waits out, so tasks due behind many waits (a storm of deadlines) start
+  // between their batches (docs/benchmarks.md, "Waits and signals").
   let beginning = 0;
   const begin = (rows: ClaimedTask[]) => {
     beginning++;
@@ -278,6 +281,8 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       report.parked += parked;
       beginning--;
       for (const outcome of outcomes) settler.push(outcome);
+      // More waits may be due than the claim took.
+      readyCount++;
       progress();
     });
   };
@@ -320,7 +325,8 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // First the pass says which task names it knows (one statement, writing a
   // name at most once a minute), then recovers.
   // Every pass begins waits: they run no handler of the app's.
-  const names = registry.has(WAIT_TASK) ? [...registry.keys()] : [...registry.keys(), WAIT_TASK];
+  const handled = [...registry.keys()];
+  const names = [...handled, WAIT_TASK];
   let background = true;
   const recovering = (async () => {
     await announceTasks(exec, names, claimable, now, pool);
@@ -393,7 +399,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
           limit,
           maxTimeoutMs: remaining,
           queues,
-          names,
+          names: beginning > 0 ? handled : names,
           leaseGraceMs,
           leaseMs,
           now,
