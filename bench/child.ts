@@ -206,6 +206,13 @@ const ops: Record<string, (args: Record<string, unknown>) => Promise<unknown>> =
     if (!op) throw new Error(`bench child: ${system} has no flow op "${String(args.fn)}"`);
     return op(args);
   },
+  /** The waits phases' own ops (lib/waits.ts): systems/waits-outlive.ts. */
+  async waits(args) {
+    if (system !== 'outlive') throw new Error('waits is an outlive phase');
+    const op = (await import('./systems/waits-outlive.ts')).waitOps[args.fn as string];
+    if (!op) throw new Error(`bench child: no waits op "${String(args.fn)}"`);
+    return op(args);
+  },
   async exit() {
     setImmediate(() => process.exit(0));
   },

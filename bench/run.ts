@@ -3,6 +3,7 @@
  * and pg-boss 12 on one PostgreSQL, in one run.
  *
  *   cd bench && npm install && npm run bench              # full: 3 rounds, ~20-25 min, and ~10 min a round for the flow-control phases (lib/flow.ts)
+ *   cd bench && npx tsx run.ts --phases latency,signal-resume,wait-cost,deadlines --rounds 1   # the waits phases (lib/waits.ts) beside the latency phase
  *   cd bench && npm run bench -- --smoke                   # a few hundred jobs, 1 round
  *
  * Each round runs every phase, and within a phase the systems take turns
@@ -18,8 +19,9 @@ import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { outliveRuntime, peerRuntime } from './lib/children.ts';
-import { FLOW_PHASES, parseArgs, takesPart, type PhaseName } from './lib/config.ts';
+import { FLOW_PHASES, parseArgs, takesPart, WAIT_PHASES, type PhaseName } from './lib/config.ts';
 import { describeSystem, dropFlowDatabases, FLOW_STEPS } from './lib/flow.ts';
+import { dropWaitDatabases, WAIT_STEPS } from './lib/waits.ts';
 import {
   bulkAndDrain,
   claim,
@@ -97,6 +99,8 @@ const STEPS: Step[] = [
   { phases: ['recovery'], systems: 'all', run: async (ctx, s) => [await recovery(ctx, s)] },
   // Flow control (issue 26, lib/flow.ts): databases of their own (benchflow_*), made from templates of their own.
   ...FLOW_STEPS.map((f): Step => ({ phases: [f.phase], systems: f.systems, run: async (ctx, s) => [await f.run(ctx, s)] })),
+  // Waits and signals (issue 27, lib/waits.ts): outlive only, on a database of their own (benchwait_outlive).
+  ...WAIT_STEPS.map((f): Step => ({ phases: [f.phase], systems: f.systems, run: async (ctx, s) => [await f.run(ctx, s)] })),
 ];
 
 function fmt(n: number): string {
@@ -135,6 +139,17 @@ function line(r: PhaseResult): string {
     if (m.weightedShare !== undefined) main += `; prefetch 0 ${p('prefetch0')}; ${fmt(m.prefetch0Ratio ?? NaN)}x; keys ${p('keys')}; weighted share ${fmt(m.weightedShare * 100)} %`;
   } else if (r.phase === 'rate') {
     main = `rpm max ${m.rpmMax}/${m.rpmLimit}, long run ${fmt(m.rpmLongRunRatio! * 100)} %; tpm max ${fmt(m.tpmMax!)}/${fmt(m.tpmLimit!)}, long run ${fmt(m.tpmLongRunRatio! * 100)} %; ${m.pauseClaims ?? '?'} claims in the 429 pause`;
+  } else if (r.phase === 'signal-resume') {
+    main =
+      `signal commit to next's start p50 ${fmt(m.p50!)} ms, p95 ${fmt(m.p95!)} ms, p99 ${fmt(m.p99!)} ms, max ${fmt(m.max!)} ms` +
+      (m.drainP50 === undefined ? '' : `; through the drain p50 ${fmt(m.drainP50)} ms, p99 ${fmt(m.drainP99!)} ms`);
+  } else if (r.phase === 'wait-cost') {
+    main =
+      `idle over ${fmt(m.waits!)} waits + ${fmt(m.sleeps!)} sleeps: ${fmt(m.writesPerSec!)} row writes/s` +
+      (m.walRowWritesPerSec === undefined ? '' : ` (WAL records ${fmt(m.walRowWritesPerSec)})`) +
+      `, WAL ${fmt(m.walKBPerSec!)} kB/s server-wide (goals <= 2, <= 20${m.goalMet ? ': met' : ': NOT met'})`;
+  } else if (r.phase === 'deadlines') {
+    main = `${fmt(m.waits!)} deadlines at once: all settled ${fmt(m.allSettledSec!)} s after; plain tasks meanwhile p50 ${fmt(m.stormP50!)} ms, p99 ${fmt(m.stormP99!)} ms`;
   } else if (r.phase === 'claim-cost') {
     main = Object.keys(m)
       .filter((k) => k.startsWith('claimCpu_'))
@@ -183,13 +198,13 @@ async function main(): Promise<void> {
   try {
     // The templates are independent: install them side by side. The flow phases make their own
     // (lib/flow.ts); a run of only those asks each system for its description alone.
-    const standard = options.phases.some((p) => !FLOW_PHASES.includes(p));
+    const standard = options.phases.some((p) => !FLOW_PHASES.includes(p) && !WAIT_PHASES.includes(p));
     await Promise.all(
       options.systems.map(async (system) => {
         if (standard) {
           versions[system] = await prepareTemplate(ctx, system);
           console.log(`bench: ${system} ${versions[system]!.version} on Node ${versions[system]!.node}: template ${templateOf(system)} ready`);
-        } else if (FLOW_STEPS.some((f) => options.phases.includes(f.phase) && f.systems.includes(system))) {
+        } else if ([...FLOW_STEPS, ...WAIT_STEPS].some((f) => options.phases.includes(f.phase) && f.systems.includes(system))) {
           versions[system] = await describeSystem(ctx, system);
         }
       }),
@@ -233,6 +248,7 @@ async function main(): Promise<void> {
       await admin.drop(templateOf(system)).catch(() => undefined);
     }
     await dropFlowDatabases(admin);
+    await dropWaitDatabases(admin);
   }
 
   const server = await admin.serverInfo();

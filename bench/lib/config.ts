@@ -38,7 +38,52 @@ export interface Sizes {
   recoveryTasks: number;
   /** The flow-control phases (issue 26, lib/flow.ts): see {@link FlowSizes}. */
   flow: FlowSizes;
+  /** The waits phases (issue 27, lib/waits.ts): see {@link WaitSizes}. */
+  waits: WaitSizes;
 }
+
+/** Sizes of the waits phases (counts scaled by --scale; the worker's concurrency and spacing are the latency phase's). */
+export interface WaitSizes {
+  /** signal-resume: runs of { w: waitFor, next } parked, then signalled one at a time, latencySpacingMs apart. */
+  signalRuns: number;
+  /** signal-resume: also through the drain (a signed nudge to the Cloudflare Worker in Miniflare after each signal). */
+  signalDrain: boolean;
+  /** wait-cost: runs of one parked waitFor, and of one parked sleepStep, both an hour long. */
+  costWaits: number;
+  costSleeps: number;
+  /** wait-cost: the window the idle worker is measured over, ms (scaled too, at least 10 s). */
+  costWindowMs: number;
+  /** deadlines: parked waits whose deadline is moved to one instant, half onTimeout { value: null }, half failing. */
+  deadlineWaits: number;
+  /** Writing the runs: startRun calls per transaction, and connections writing at once. */
+  writeChunk: number;
+  writeConnections: number;
+  /** Parking them: the concurrency of the tick() passes that begin them (a claim takes up to twice this). */
+  parkConcurrency: number;
+}
+
+/** The issue's sizes (issue 27). */
+export const WAITS_FULL: WaitSizes = {
+  signalRuns: 200,
+  signalDrain: true,
+  costWaits: 100_000,
+  costSleeps: 100_000,
+  costWindowMs: 60_000,
+  deadlineWaits: 100_000,
+  writeChunk: 1_000,
+  writeConnections: 3,
+  parkConcurrency: 500,
+};
+
+/** Smoke: the same shapes, small. */
+export const WAITS_SMOKE: WaitSizes = {
+  ...WAITS_FULL,
+  signalRuns: 20,
+  costWaits: 1_000,
+  costSleeps: 1_000,
+  costWindowMs: 10_000,
+  deadlineWaits: 1_000,
+};
 
 /** Sizes of the flow-control phases (not changed by --scale). */
 export interface FlowSizes {
@@ -207,6 +252,7 @@ export const FULL: Sizes = {
   livenessWindowMs: 10_000,
   recoveryTasks: 1_000,
   flow: FLOW_FULL,
+  waits: WAITS_FULL,
 };
 
 /** A few hundred jobs, one round: keeps the harness from rotting in CI; its numbers mean nothing. */
@@ -233,6 +279,7 @@ export const SMOKE: Sizes = {
   livenessWindowMs: 1_000,
   recoveryTasks: 20,
   flow: FLOW_SMOKE,
+  waits: WAITS_SMOKE,
 };
 
 /** The phases, in the order a round runs them. */
@@ -253,11 +300,17 @@ export const PHASES = [
   'fairness',
   'rate',
   'claim-cost',
+  'signal-resume',
+  'wait-cost',
+  'deadlines',
 ] as const;
 export type PhaseName = (typeof PHASES)[number];
 
 /** The flow-control phases (issue 26, lib/flow.ts): they use databases of their own (benchflow_*) and a section of their own in docs/benchmarks.md. */
 export const FLOW_PHASES: readonly PhaseName[] = ['over-admission', 'fairness', 'rate', 'claim-cost'];
+
+/** The waits phases (issue 27, lib/waits.ts), outlive only: databases of their own (benchwait_*) and a section of their own in docs/benchmarks.md. */
+export const WAIT_PHASES: readonly PhaseName[] = ['signal-resume', 'wait-cost', 'deadlines'];
 
 /**
  * Systems that take part in only some of the phases. outlive-drop differs
@@ -303,12 +356,14 @@ const USAGE = `usage: npm run bench -- [options]
 
   --smoke             a few hundred jobs, one round (for CI; writes no docs)
   --rounds N          rounds (default 3; each round runs every system on every phase)
-  --scale F           multiply every job count by F (e.g. 0.2 for a quicker look)
+  --scale F           multiply every job count by F (e.g. 0.2 for a quicker look); for the waits phases also
+                      their counts and the wait-cost window (at least 10 s): --scale 0.02 is a smoke run of them
   --phases a,b        only these phases: ${PHASES.join(', ')}
   --systems a,b       only these systems: ${SYSTEMS.join(', ')}
                       (outlive-drop, outlive deleting succeeded rows, runs drain-1, drain-2, latency only;
                       liveness runs outlive, graphile-worker and pg-boss; recovery outlive and pg-boss;
-                      flow control: over-admission outlive and pg-boss, fairness all three, rate and claim-cost outlive)
+                      flow control: over-admission outlive and pg-boss, fairness all three, rate and claim-cost outlive;
+                      waits: signal-resume, wait-cost, deadlines outlive)
   --docs / --no-docs  write docs/benchmarks.md and its images (default: on, off with --smoke)
   --note TEXT         a note to print above the results
   --from FILE         measure nothing: rewrite docs/benchmarks.md from a saved run (bench/results/*.json)
@@ -395,6 +450,14 @@ export function parseArgs(argv: readonly string[]): Options {
     serverlessTasks: scaled(base.serverlessTasks),
     livenessTasks: scaled(base.livenessTasks),
     recoveryTasks: scaled(base.recoveryTasks),
+    waits: {
+      ...base.waits,
+      signalRuns: scaled(base.waits.signalRuns),
+      costWaits: scaled(base.waits.costWaits),
+      costSleeps: scaled(base.waits.costSleeps),
+      costWindowMs: Math.max(10_000, Math.round(base.waits.costWindowMs * Math.min(1, scale))),
+      deadlineWaits: scaled(base.waits.deadlineWaits),
+    },
   };
   return {
     smoke,

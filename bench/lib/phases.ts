@@ -549,7 +549,7 @@ const STATS_SETTLE_MS = 1_500;
 const WAIT_END_MARGIN_MS = 500;
 
 /** The counters one liveness reading takes. */
-interface StatReading {
+export interface StatReading {
   /** Epoch ms when the reading started. */
   at: number;
   lsn: bigint;
@@ -571,7 +571,7 @@ function parseLsn(lsn: string): bigint {
   return (BigInt(`0x${hi}`) << 32n) | BigInt(`0x${lo}`);
 }
 
-async function readStats(ctx: Context, db: string, probe: Probe, system: SystemName): Promise<StatReading> {
+export async function readStats(ctx: Context, db: string, probe: Probe, system: SystemName): Promise<StatReading> {
   const at = epochMs();
   // WAL position and the table counters back to back; the WAL position is
   // exact, the counters lag by up to a flush (see STATS_SETTLE_MS).
@@ -616,7 +616,7 @@ async function readStats(ctx: Context, db: string, probe: Probe, system: SystemN
 }
 
 /** What happened between two readings. */
-interface StatSpan {
+export interface StatSpan {
   seconds: number;
   ins: number;
   upd: number;
@@ -632,7 +632,7 @@ interface StatSpan {
   busy: string[];
 }
 
-function span(a: StatReading, b: StatReading): StatSpan {
+export function span(a: StatReading, b: StatReading): StatSpan {
   let otherWrites = 0;
   let otherCommits = 0;
   const busy: string[] = [];
@@ -663,10 +663,10 @@ function span(a: StatReading, b: StatReading): StatSpan {
   };
 }
 
-const writesOf = (s: { ins: number; upd: number; del: number }) => s.ins + s.upd + s.del;
+export const writesOf = (s: { ins: number; upd: number; del: number }) => s.ins + s.upd + s.del;
 
 /** The heap and WAL records of the database under test between two WAL positions, counted from the records. */
-interface WalCount {
+export interface WalCount {
   ins: number;
   upd: number;
   hot: number;
@@ -693,7 +693,7 @@ interface WalCount {
  * is counted twice or lost. Any failure (the extension missing, a segment
  * gone) leaves the tally `broken`, and its counts unused.
  */
-class WalTally {
+export class WalTally {
   private cursor: bigint;
   private readonly count: WalCount = { ins: 0, upd: 0, hot: 0, del: 0, dbBytes: 0, fpiBytes: 0, allBytes: 0 };
   broken: string | null = null;
@@ -777,7 +777,7 @@ class WalTally {
  * phase's work). Answers false, and WalTally is not used, if the server
  * refuses (no free slot, wal_level minimal).
  */
-async function holdWal(probe: Probe): Promise<boolean> {
+export async function holdWal(probe: Probe): Promise<boolean> {
   try {
     await probe.rows(`SELECT pg_create_physical_replication_slot($1, true, true)`, [`bench_liveness_${process.pid}_${probe.pid}`]);
     return true;
@@ -787,7 +787,7 @@ async function holdWal(probe: Probe): Promise<boolean> {
   }
 }
 
-function quietText(s: StatSpan): string {
+export function quietText(s: StatSpan): string {
   const quiet = s.otherWrites === 0 && s.otherCommits === 0 && s.busy.length === 0 && s.checkpoints === 0;
   if (quiet) return 'server quiet: no other database committed or wrote a row, no checkpoint';
   const parts = [...s.busy];

@@ -4,6 +4,7 @@
  * with up to a few example rows each, so a failure says what went wrong.
  */
 import type pg from 'pg';
+import type { SendRecord, WaitLog } from './waits.js';
 
 /** What the orchestrator knows it wrote: every enqueue and run whose commit it saw. */
 export interface Expected {
@@ -14,6 +15,36 @@ export interface Expected {
   /** Names of runs whose start committed, and those whose start failed. */
   runs: Set<string>;
   runsUncertain: Set<string>;
+  /** The waiting runs and what the signaller sent for each. */
+  waits?: WaitLog[];
+}
+
+/** What the waits' checks counted (issue 27). */
+export interface WaitReport {
+  /** Runs waiting for a signal, and runs sleeping. */
+  waitRuns: number;
+  sleepRuns: number;
+  /** Distinct signal ids, and the sends of them (copies included). */
+  signalIds: number;
+  sends: number;
+  /** Copies planned beyond the first of an id, and answers that said "duplicate". */
+  duplicateCopies: number;
+  answeredDuplicate: number;
+  /** Tries whose answer a fault lost (each sent again under its id), and ids whose only write was such a try. */
+  lostAnswers: number;
+  committedUnseen: number;
+  /** First answers for an id: kept before its run was started, kept while its wait had not begun, delivered to a parked wait. */
+  keptBeforeRun: number;
+  keptBeforeWait: number;
+  deliveredToParked: number;
+  /** Second ids whose wait had already taken another: kept, unconsumed, as they should be. */
+  extraKept: number;
+  reordered: number;
+  racing: number;
+  /** Waits the signaller saw parked before it sent. */
+  sawParked: number;
+  /** Steps after a wait executed more than once (faults: kills, backdated leases), every execution with the same output. */
+  recordReExecuted: number;
 }
 
 /** What the checks counted. */
@@ -35,6 +66,7 @@ export interface CheckReport {
   exhaustedByFaults: number;
   /** Samples of the limit keys' counts taken during the run (the harness's). */
   keySamples?: number;
+  waits?: WaitReport;
 }
 
 async function q<R>(pool: pg.Pool, text: string, params: unknown[] = []): Promise<R[]> {
@@ -197,10 +229,15 @@ export async function checkAll(pool: pg.Pool, expected: Expected, now: Date): Pr
     )
   )[0]!.n;
   const exhausted = (
-    await q<{ n: number }>(pool, `SELECT count(*)::int AS n FROM outlive.tasks WHERE state = 'failed' AND name = 'chaos.plain' AND input->>'mode' <> 'fail'`)
+    // The steps of waiting runs never fail on their own either (no wait can reach its timeout in a chaos run).
+    await q<{ n: number }>(
+      pool,
+      `SELECT count(*)::int AS n FROM outlive.tasks WHERE state = 'failed' AND ((name = 'chaos.plain' AND input->>'mode' <> 'fail') OR name IN ('chaos.record', '$wait'))`,
+    )
   )[0]!.n;
   // Faults are the pass's, not the handler's: they count against the interruption budget, never maxAttempts.
   if (exhausted > 0) violations.push(`tasks whose handler never fails, failed for good by faults alone: ${exhausted}`);
+  const waits = expected.waits ? await checkWaits(pool, expected.waits, fail) : undefined;
   const runsByState = Object.fromEntries(
     (await q<{ state: string; n: number }>(pool, `SELECT state::text, count(*)::int AS n FROM outlive.runs GROUP BY 1`)).map((r) => [r.state, r.n]),
   );
@@ -216,5 +253,173 @@ export async function checkAll(pool: pg.Pool, expected: Expected, now: Date): Pr
     discardedExecutions: discarded,
     scheduledSlots: slots.length,
     exhaustedByFaults: exhausted,
+    waits,
   };
+}
+
+const same = (a: unknown, b: unknown) => JSON.stringify(a) === JSON.stringify(b);
+
+/**
+ * The waits (issue 27): every waiting run succeeded, each wait with the
+ * payload of the first signal id sent for its key (any of them when two
+ * raced), taken from one signal row, its next step run for that one resume
+ * only; no wait timed out, none left parked once its signals were all sent,
+ * and no signal id written twice or lost.
+ */
+async function checkWaits(pool: pg.Pool, logs: WaitLog[], fail: (what: string, rows: unknown[]) => void): Promise<WaitReport> {
+  type Row = {
+    name: string;
+    run_state: string;
+    wait_state: string | null;
+    wait_output: unknown;
+    wait_signal: { id: string; payload: unknown } | null;
+    wait_key: string | null;
+    last_error: string | null;
+    records: number;
+    record_state: string | null;
+    record_output: { seen?: unknown } | null;
+    record_attempts: number | null;
+    record_effects: { attempt: number; seen: unknown }[];
+  };
+  const rows = await q<Row>(
+    pool,
+    `SELECT r.name, r.state::text AS run_state, w.state::text AS wait_state, w.output AS wait_output, w.signal AS wait_signal, w.wait_key, w.last_error,
+            (SELECT count(*)::int FROM outlive.tasks x WHERE x.run_id = r.id AND x.step = 'record') AS records,
+            rec.state::text AS record_state, rec.output AS record_output, rec.attempts AS record_attempts,
+            (SELECT coalesce(jsonb_agg(jsonb_build_object('attempt', e.attempt, 'seen', e.detail -> 'seen') ORDER BY e.at), '[]'::jsonb)
+             FROM chaos_effects e WHERE e.task_id = rec.id) AS record_effects
+     FROM outlive.runs r
+     LEFT JOIN outlive.tasks w ON w.run_id = r.id AND w.step IN ('w', 'nap')
+     LEFT JOIN outlive.tasks rec ON rec.run_id = r.id AND rec.step = 'record'
+     WHERE r.name = ANY($1::text[])`,
+    [logs.map((l) => l.plan.run)],
+  );
+  const byRun = new Map(rows.map((r) => [r.name, r]));
+  const signals = await q<{ key: string; id: string; payload: unknown; consumed: boolean; delivered: number }>(
+    pool,
+    `SELECT key, id, payload, consumed_at IS NOT NULL AS consumed, delivered FROM outlive.signals WHERE key LIKE 'chaos:%'`,
+  );
+  const byKey = new Map<string, typeof signals>();
+  for (const s of signals) byKey.set(s.key, [...(byKey.get(s.key) ?? []), s]);
+
+  const report: WaitReport = {
+    waitRuns: 0, sleepRuns: 0, signalIds: 0, sends: 0, duplicateCopies: 0, answeredDuplicate: 0, lostAnswers: 0, committedUnseen: 0,
+    keptBeforeRun: 0, keptBeforeWait: 0, deliveredToParked: 0, extraKept: 0, reordered: 0, racing: 0, sawParked: 0, recordReExecuted: 0,
+  };
+  const notSucceeded: unknown[] = [];
+  const timedOut: unknown[] = [];
+  const lost: unknown[] = [];
+  const foreignOutput: unknown[] = [];
+  const notFirst: unknown[] = [];
+  const rowMismatch: unknown[] = [];
+  const resumedTwice: unknown[] = [];
+  const writtenTwice: unknown[] = [];
+  const missing: unknown[] = [];
+  const unsent: unknown[] = [];
+  const downstream: unknown[] = [];
+  const sleeps: unknown[] = [];
+  const missingRuns: unknown[] = [];
+
+  for (const log of logs) {
+    const { plan } = log;
+    const row = byRun.get(plan.run);
+    if (plan.kind === 'sleep') report.sleepRuns++;
+    else report.waitRuns++;
+    if (plan.reordered) report.reordered++;
+    if (plan.racing) report.racing++;
+    if (log.sawParked) report.sawParked++;
+
+    // What was sent, id by id, from the signaller's answers.
+    const ids = new Map<string, { payload: unknown; answered: boolean; fresh: number; first?: SendRecord }>();
+    for (const s of log.sends) {
+      report.sends++;
+      report.lostAnswers += s.lost;
+      const e = ids.get(s.id) ?? { payload: s.payload, answered: false, fresh: 0 };
+      ids.set(s.id, e);
+      if (!s.result) {
+        unsent.push({ run: plan.run, id: s.id, lost: s.lost });
+        continue;
+      }
+      e.answered = true;
+      if (s.result.duplicate) report.answeredDuplicate++;
+      else {
+        e.fresh++;
+        e.first = s;
+      }
+    }
+    for (const s of plan.signals) report.duplicateCopies += s.copies - 1;
+    report.signalIds += ids.size;
+    const kept = plan.key ? (byKey.get(plan.key) ?? []) : [];
+    for (const [id, e] of ids) {
+      // One id is one row: answered "new" at most once, stored with the payload sent.
+      if (e.fresh > 1) writtenTwice.push({ run: plan.run, id, fresh: e.fresh });
+      const stored = kept.find((s) => s.id === id);
+      if (e.answered && (!stored || !same(stored.payload, e.payload))) missing.push({ run: plan.run, id, stored: stored ?? null });
+      if (e.answered && e.fresh === 0) report.committedUnseen++;
+    }
+
+    if (!row) {
+      if (log.started === true) missingRuns.push(plan.run);
+      continue;
+    }
+    if (row.run_state !== 'succeeded') notSucceeded.push({ run: plan.run, run_state: row.run_state, wait_state: row.wait_state, wait_key: row.wait_key, last_error: row.last_error });
+    if (row.wait_state === 'failed' && /^no signal /.test(row.last_error ?? '')) timedOut.push({ run: plan.run, last_error: row.last_error });
+
+    // The step after the wait: one row, run for one resume, every execution reading the wait's output.
+    const effects = row.record_effects;
+    if (effects.length > 1) report.recordReExecuted++;
+    if (
+      row.wait_state === 'succeeded' &&
+      (row.records !== 1 || row.record_state !== 'succeeded' || effects.length === 0 || !same(row.record_output?.seen, row.wait_output) ||
+        effects.some((e) => !same(e.seen, row.wait_output)))
+    ) {
+      downstream.push({ run: plan.run, records: row.records, record_state: row.record_state, wait_output: row.wait_output, seen: effects.map((e) => e.seen), attempts: row.record_attempts });
+    }
+
+    if (plan.kind === 'sleep') {
+      if (row.wait_state === 'succeeded' && row.wait_output !== null) sleeps.push({ run: plan.run, output: row.wait_output });
+      continue;
+    }
+
+    const allSent = plan.signals.every((s) => ids.get(s.id)?.answered);
+    if (row.wait_state === 'pending' && row.wait_key !== null && allSent) {
+      lost.push({ run: plan.run, wait_key: row.wait_key, signal: row.wait_signal, signals: kept });
+    }
+    const consumed = kept.filter((s) => s.consumed);
+    const delivered = kept.reduce((n, s) => n + s.delivered, 0);
+    if (consumed.length > 1 || delivered > 1) resumedTwice.push({ run: plan.run, signals: kept });
+    if (row.wait_state !== 'succeeded') continue;
+    if (!plan.signals.some((s) => same(s.payload, row.wait_output))) foreignOutput.push({ run: plan.run, output: row.wait_output, sent: plan.signals.map((s) => s.payload) });
+    // Sent one after another, each confirmed before the next: the first id committed first, so it is the one taken.
+    const first = plan.signals[0]!;
+    if (!plan.racing && !same(row.wait_output, first.payload)) notFirst.push({ run: plan.run, output: row.wait_output, first: first.payload, signals: kept });
+    const taken = consumed[0];
+    if (consumed.length !== 1 || row.wait_signal?.id !== taken?.id || !same(row.wait_signal?.payload, row.wait_output)) {
+      rowMismatch.push({ run: plan.run, signal: row.wait_signal, output: row.wait_output, consumed });
+    }
+
+    // How each id's first "new" answer found its wait.
+    for (const [id, e] of ids) {
+      if (!e.first) continue;
+      if (e.first.result!.delivered > 0) report.deliveredToParked++;
+      else if (id !== taken?.id) report.extraKept++;
+      else if (e.first.beforeRun) report.keptBeforeRun++;
+      else report.keptBeforeWait++;
+    }
+  }
+
+  fail('committed wait runs missing', missingRuns);
+  fail('waiting runs that did not succeed', notSucceeded);
+  fail('waits failed by their timeout', timedOut);
+  fail('waits still parked after every signal for them was sent (a signal lost)', lost);
+  fail('waits whose output is none of the payloads sent for their key', foreignOutput);
+  fail('waits that did not take the first signal sent for their key', notFirst);
+  fail('waits whose row names a signal other than the one signal consumed', rowMismatch);
+  fail('keys whose signals resumed more than once (a wait resumed twice)', resumedTwice);
+  fail('signal ids answered as new more than once (one id written twice)', writtenTwice);
+  fail('signals answered but not stored under their id with their payload', missing);
+  fail('signals the signaller could not send in two minutes', unsent);
+  fail('steps after a wait not run for exactly one resume with its output', downstream);
+  fail('sleeps that did not end with a null output', sleeps);
+  return report;
 }

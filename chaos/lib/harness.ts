@@ -14,6 +14,7 @@ import { startOwnPostgres, type OwnPostgres } from './postgres.js';
 import { prng, type Prng } from './prng.js';
 import { startProxy, type TcpProxy } from './proxy.js';
 import { chaosTasks, createEffects, LIMITED_CONCURRENCY, type Behaviour, type Mode } from './tasks.js';
+import { drawWaitPlan, playWaitPlan, type SignallerDeps, type WaitLog } from './waits.js';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 
@@ -28,6 +29,8 @@ export interface ChaosConfig {
   durationMs: number;
   plainTasks: number;
   runs: number;
+  /** Runs that wait for a signal or sleep between two steps (chaos/lib/waits.ts). */
+  waitRuns?: number;
   /** Children per fan-out: from, to. */
   fanout: [number, number];
   workers: number;
@@ -82,6 +85,8 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
   // Separate streams, so the work drawn does not depend on how the faults interleave with it.
   const rng = prng(config.seed);
   const faultRng = prng((config.seed ^ 0x9e3779b9) >>> 0);
+  // Its own stream too, so adding waits leaves the rest of a seed's workload as it was.
+  const waitRng = prng((config.seed ^ 0x5bd1e995) >>> 0);
   const server = await startOwnPostgres(config.dataDir);
   const children: Child[] = [];
   let proxy: TcpProxy | undefined;
@@ -113,6 +118,12 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
     const tcp = await startProxy(server.port);
     proxy = tcp;
     const proxiedUrl = `postgres://postgres:postgres@127.0.0.1:${tcp.port}/chaos`;
+    // Signals go through the proxy, so its drops and stalls cut them as they cut the processes.
+    const signalPool = new pg.Pool({ connectionString: proxiedUrl, max: 6, application_name: 'chaos-signaller' });
+    signalPool.on('error', () => {});
+    // The signaller watches for parked waits on a pool of its own, so its polls never queue the producer.
+    const watchPool = new pg.Pool({ connectionString: url, max: 3, application_name: 'chaos-watch' });
+    watchPool.on('error', () => {});
     const passes = { claimed: 0, succeeded: 0, lostLeases: 0, recovered: 0, errors: 0 };
     const unexpectedExits: string[] = [];
     const faults: Record<string, number> = {};
@@ -163,15 +174,31 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
     const expected: Expected = { plain: new Set(), plainUncertain: new Set(), runs: new Set(), runsUncertain: new Set() };
     let enqueueFailures = 0;
     const productionEnds = started + config.durationMs;
+    const waitPlays: Promise<WaitLog>[] = [];
+    const signaller: SignallerDeps = {
+      pool: watchPool,
+      signalPool,
+      tasks,
+      onStarted(run, committed) {
+        if (committed) expected.runs.add(run);
+        else {
+          enqueueFailures++;
+          expected.runsUncertain.add(run);
+        }
+      },
+    };
 
     // The producer: plain tasks in batches and runs, spread over the duration.
     const produce = async () => {
       const rounds = Math.max(1, Math.floor(config.durationMs / 200));
       const perRoundPlain = Math.ceil(config.plainTasks / rounds);
       const perRoundRuns = config.runs / rounds;
+      const perRoundWaits = (config.waitRuns ?? 0) / rounds;
       let n = 0;
       let runCredit = 0;
       let runNo = 0;
+      let waitCredit = 0;
+      let waitNo = 0;
       for (let round = 0; round < rounds && n < config.plainTasks; round++) {
         const inputs: Behaviour[] = [];
         for (let i = 0; i < perRoundPlain && n < config.plainTasks; i++) inputs.push(behaviour(rng, n++));
@@ -203,6 +230,12 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
             expected.runsUncertain.add(name);
           }
         }
+        // Each waiting run plays out on its own (its signals may come seconds later), not holding up the rounds.
+        waitCredit += perRoundWaits;
+        while (waitCredit >= 1) {
+          waitCredit--;
+          waitPlays.push(playWaitPlan(drawWaitPlan(waitRng, waitNo++), signaller));
+        }
         await sleep(Math.max(0, started + ((round + 1) * config.durationMs) / rounds - Date.now()));
       }
     };
@@ -221,7 +254,8 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
           return;
         }
         case 'terminate': {
-          const who = faultRng.pick(children).name.replace(/[+']+$/, '');
+          // Now and then the signaller's connections, so a signal's answer is lost mid-flight.
+          const who = faultRng.chance(0.25) ? 'signaller' : faultRng.pick(children).name.replace(/[+']+$/, '');
           const r = await pool.query(
             `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE datname = 'chaos' AND application_name LIKE $1`,
             [`chaos-${who}%`],
@@ -331,6 +365,16 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
     };
 
     await Promise.all([produce(), chaos(), sampler()]);
+    // The last signals may still be going out: the drain waits for them too, as they wake their waits.
+    let signalled = false;
+    const signalling = Promise.all(waitPlays)
+      .then((logs) => {
+        expected.waits = logs;
+        log(`signals all answered at ${Date.now() - started} ms`);
+      })
+      .finally(() => (signalled = true));
+    // Awaited after the drain; a harness error there must not surface earlier as an unhandled rejection.
+    signalling.catch(() => {});
 
     // Drain: the processes finish the work (no more faults).
     const drainEnds = Date.now() + config.drainMs;
@@ -340,7 +384,7 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
         .then((r) => r.rows[0].n as number)
         .catch(() => -1);
       // One slot task may always be in flight while the schedule runs.
-      if (open >= 0 && open <= 2) break;
+      if (open >= 0 && open <= 2 && signalled) break;
       if (Date.now() > drainEnds) {
         log(`drain: ${open} tasks still open after ${config.drainMs} ms; the final recovery takes them`);
         break;
@@ -348,6 +392,8 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
       await sleep(500);
     }
 
+    await signalling;
+    log(`drained at ${Date.now() - started} ms`);
     // Stop every process abruptly, as a platform would; nothing is handed back.
     stopping = true;
     for (const c of children) {
@@ -355,6 +401,8 @@ export async function runChaos(config: ChaosConfig): Promise<ChaosResult> {
       c.proc.kill('SIGKILL');
     }
     await Promise.all(children.map((c) => (c.proc.exitCode !== null || c.proc.signalCode !== null ? null : new Promise((r) => c.proc.once('exit', r)))));
+    await signalPool.end();
+    await watchPool.end();
     await tcp.close();
 
     // Final recovery, far in the future: every lease has expired by then. Then
@@ -406,6 +454,13 @@ export function summarise(result: ChaosResult, replay: string): string {
     `  flow control: ${c.keySamples ?? 0} samples of every key's running count against its running rows and limit`,
     `  final recovery: ${result.finalRecovered} leases recovered, ${result.finalDrained} tasks run by the final passes; well-behaved tasks failed by faults alone: ${c.exhaustedByFaults}`,
   ];
+  const w = c.waits;
+  if (w) {
+    lines.push(
+      `  waits: ${w.waitRuns} waiting for a signal, ${w.sleepRuns} sleeping; ${w.signalIds} signal ids in ${w.sends} sends (${w.duplicateCopies} duplicate copies, ${w.answeredDuplicate} answered "duplicate"; ${w.reordered} runs with their two ids reordered, ${w.racing} racing)`,
+      `    first answers: ${w.keptBeforeRun} kept before the run started, ${w.keptBeforeWait} kept before the wait began, ${w.deliveredToParked} delivered to a parked wait (${w.sawParked} seen parked first), ${w.extraKept} second ids kept unused; ${w.lostAnswers} answers lost to faults and sent again under the same id (${w.committedUnseen} ids had committed unseen); steps after a wait re-executed by faults: ${w.recordReExecuted}`,
+    );
+  }
   if (result.unexpectedExits.length > 0) {
     lines.push(`  PROCESSES THAT DIED ON THEIR OWN (${result.unexpectedExits.length}, restarted; see test/connection-loss.test.ts):`);
     for (const e of result.unexpectedExits.slice(0, 3)) lines.push(`    - ${e.split('\n').slice(0, 6).join('\n      ')}`);

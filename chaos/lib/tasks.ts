@@ -41,6 +41,7 @@ export async function createEffects(pool: pg.Pool): Promise<void> {
     token uuid NOT NULL,
     kind text NOT NULL,
     pid int NOT NULL,
+    detail jsonb,
     at timestamptz NOT NULL DEFAULT clock_timestamp())`);
   await pool.query(`CREATE INDEX IF NOT EXISTS chaos_effects_task_idx ON chaos_effects (task_id)`);
 }
@@ -61,14 +62,15 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
 
 /** The task list, handlers writing effects through `pool`. */
 export function chaosTasks(pool: pg.Pool) {
-  const effect = async (taskId: string, attempt: number, kind: string) => {
+  const effect = async (taskId: string, attempt: number, kind: string, detail?: unknown) => {
     const token = globalThis.crypto.randomUUID();
-    await pool.query('INSERT INTO chaos_effects (task_id, attempt, token, kind, pid) VALUES ($1, $2, $3, $4, $5)', [
+    await pool.query('INSERT INTO chaos_effects (task_id, attempt, token, kind, pid, detail) VALUES ($1, $2, $3, $4, $5, $6::jsonb)', [
       taskId,
       attempt,
       token,
       kind,
       process.pid,
+      detail === undefined ? null : JSON.stringify(detail),
     ]);
     return token;
   };
@@ -156,6 +158,23 @@ export function chaosTasks(pool: pg.Pool) {
     },
   });
 
+  // The step after a wait (issue 27): its effect keeps the output it read, so
+  // the checker can tell a wait resumed twice, or with another signal, from
+  // a re-execution of the same resume.
+  const record = defineTask({
+    name: 'chaos.record',
+    input: z.object({ of: z.string() }),
+    timeoutMs: 3_000,
+    retry: { maxAttempts: PLAIN_MAX_ATTEMPTS, backoff: { baseMs: 100, maxMs: 800 } },
+    async run({ of }, ctx) {
+      const outputs = await ctx.outputs();
+      if (!(of in outputs)) throw new Error(`chaos: record saw no output of ${of}`);
+      const seen = outputs[of] ?? null;
+      const token = await effect(ctx.taskId, ctx.attempt, 'record', { seen });
+      return { token, attempt: ctx.attempt, seen };
+    },
+  });
+
   /** Fires every second; missed slots are all caught up, so slots must be contiguous. */
   const everySecond = defineSchedule({
     name: 'chaos.every-second',
@@ -165,5 +184,5 @@ export function chaosTasks(pool: pg.Pool) {
     missed: { catchUp: 1000 },
   });
 
-  return { plain, join, fan, scheduled, limited, all: [plain, join, fan, scheduled, limited], schedules: [everySecond] };
+  return { plain, join, fan, scheduled, limited, record, all: [plain, join, fan, scheduled, limited, record], schedules: [everySecond] };
 }

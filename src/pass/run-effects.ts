@@ -45,6 +45,9 @@ FROM locked WHERE t.id OPERATOR(pg_catalog.=) locked.id
 RETURNING t.id::text`;
 
 // Each run's unfinished count moved, its final state taken at 0 (migration 0017; a signal runs it too).
+const HAS_DEPENDENTS_SQL = `
+SELECT DISTINCT depends_on::text AS id FROM outlive.task_deps WHERE depends_on OPERATOR(pg_catalog.=) ANY ($1::bigint[])`;
+
 const FINISH_RUNS_SQL = 'SELECT outlive.finish_runs($1::timestamptz, $2::bigint[], $3::int[], $4::bigint[], $5::text[])';
 
 // Steps a spawn refers to (or would collide with) are locked first, so a
@@ -233,20 +236,25 @@ export async function applyRunEffects(
     const spawned = spawns.get(row.id);
     if (spawned?.length) runOf(row.run_id!).delta += await insertSpawns(db, row.run_id!, row.id, spawned, now);
   }
-  for (const row of rows) {
-    if (!row.run_id || row.state !== 'failed') continue;
+  const failed = rows.filter((row) => row.run_id && row.state === 'failed');
+  // Most failed steps have nothing downstream (a leaf, a wait that timed
+  // out): one statement finds those that do. It sees every edge onto them: a
+  // spawn adding one locks the step first, so it either committed before
+  // this transaction's settle locked the row, or waits and sees it failed.
+  const upstream = failed.length > 0 ? new Set((await db.query<{ id: string }>(HAS_DEPENDENTS_SQL, [failed.map((r) => r.id)])).map((r) => r.id)) : null;
+  for (const row of failed) {
     const label = row.step ? `step "${row.step}" (task ${row.id})` : `task ${row.id}`;
     // Again until it finds nothing new: a statement that waited for a step's
     // lock (held by a spawn onto that step) read the edges as they were
     // before the spawn committed, and the next one, with a fresh snapshot,
     // finds the spawned rows below the step it skipped.
     let skipped = 0;
-    for (;;) {
+    while (upstream!.has(row.id)) {
       const more = await db.query(SKIP_SQL, [row.id, now, `not run: upstream ${label} failed`]);
       if (more.length === 0) break;
       skipped += more.length;
     }
-    const run = runOf(row.run_id);
+    const run = runOf(row.run_id!);
     run.delta -= skipped;
     if (!run.failedTask) {
       run.failedTask = row.id;

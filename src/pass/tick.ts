@@ -22,6 +22,9 @@ import { checkName } from '../model/checks.js';
 import { WAIT_TASK } from '../model/wait.js';
 import { beginWaits } from './wait.js';
 
+/** Waits a pass claims at once when a claim found more due than it took. */
+const WAIT_BATCH = 500;
+
 /** Options of one pass. */
 export interface TickOptions {
   /**
@@ -273,18 +276,33 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // Waits claimed take no handler: each claim's are begun in one statement,
   // beside the handlers, one such statement at a time; meanwhile claims leave
   // waits out, so tasks due behind many waits (a storm of deadlines) start
-  // between their batches (docs/benchmarks.md, "Waits and signals").
+  // between their batches. A claim full of waits may have left more: they
+  // are claimed on their own, WAIT_BATCH at a time, until a batch comes back
+  // short (docs/benchmarks.md, "Waits and signals").
   let beginning = 0;
-  const begin = (rows: ClaimedTask[]) => {
+  const begin = async (first: ClaimedTask[], full: boolean) => {
     beginning++;
-    void beginWaits(exec, rows, owner, now).then(({ outcomes, parked }) => {
-      report.parked += parked;
+    try {
+      let rows = first;
+      for (;;) {
+        const { outcomes, parked } = await beginWaits(exec, rows, owner, now);
+        report.parked += parked;
+        for (const outcome of outcomes) settler.push(outcome);
+        progress();
+        const remaining = deadline - performance.now();
+        if (!full || remaining <= 0 || options.signal?.aborted || options.abort?.aborted) break;
+        rows = await claim(exec, { owner, limit: WAIT_BATCH, maxTimeoutMs: remaining, queues, names: [WAIT_TASK], leaseGraceMs, leaseMs, now, governedLimit: 0 });
+        full = rows.length === WAIT_BATCH;
+        if (rows.length === 0) break;
+      }
+    } catch (err) {
+      dbError ??= err;
+    } finally {
       beginning--;
-      for (const outcome of outcomes) settler.push(outcome);
-      // More waits may be due than the claim took.
+      // More waits may be due than were taken.
       readyCount++;
       progress();
-    });
+    }
   };
 
   // Claimed rows wait here for a free slot, in claim order.
@@ -417,7 +435,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
           if (row.name === WAIT_TASK) (waits ??= []).push(row);
           else buffer.push({ row, at });
         }
-        if (waits) begin(waits);
+        if (waits) void begin(waits, !short);
         fill();
         // A full batch means there may be more: claim again while there is
         // room. A short one means the queue ran dry for now: wait for a
