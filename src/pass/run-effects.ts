@@ -105,26 +105,33 @@ export async function insertSpawns(db: Executor, runId: string, spawner: string,
       if (!fresh.has(dep) && !byStep.has(dep)) throw new InvalidGraphError(`outlive: ${where}: step "${s.step}" waits for "${dep}", which is not in the run`);
     }
   }
-  // Born skipped: waits (directly or through other new steps) on a step that can never succeed.
+  // Born skipped: waits (directly or through other new steps) on a step
+  // that can never succeed; spread from the broken ones along the new
+  // steps' own edges, each edge once.
   const skipped = new Map<string, string>();
-  let changed = true;
-  while (changed) {
-    changed = false;
-    for (const s of steps) {
-      if (skipped.has(s.step)) continue;
-      for (const dep of s.after) {
-        const broken = BROKEN.has(byStep.get(dep)?.state ?? '') || skipped.has(dep);
-        if (broken) {
-          skipped.set(s.step, `not run: upstream step "${dep}" did not succeed`);
-          changed = true;
-          break;
-        }
+  const below = new Map<string, string[]>();
+  const broken: string[] = [];
+  for (const s of steps) {
+    for (const dep of s.after) {
+      if (fresh.has(dep)) (below.get(dep) ?? below.set(dep, []).get(dep)!).push(s.step);
+      else if (!skipped.has(s.step) && BROKEN.has(byStep.get(dep)?.state ?? '')) {
+        skipped.set(s.step, `not run: upstream step "${dep}" did not succeed`);
+        broken.push(s.step);
       }
+    }
+  }
+  while (broken.length > 0) {
+    const dep = broken.pop()!;
+    for (const child of below.get(dep) ?? []) {
+      if (skipped.has(child)) continue;
+      skipped.set(child, `not run: upstream step "${dep}" did not succeed`);
+      broken.push(child);
     }
   }
   const waiting = steps.map((s) => unfinishedDependencies(s, fresh, byStep));
   const { children, parents } = stepEdges(steps);
-  const external = existing.filter((e) => parents.includes(e.step));
+  const parentSet = new Set(parents);
+  const external = existing.filter((e) => parentSet.has(e.step));
   // A step running in another pass may be settled by a statement that took
   // its snapshot before this spawn committed (it waited for the lock held
   // here): that statement cannot see the new edges to release them. Rows
