@@ -62,12 +62,8 @@ function list(names: string[]): string {
 }
 
 /** The facts about one task row that say why it is where it is. */
-export interface WhyFacts extends Partial<Omit<WaitFacts, 'name' | 'state' | 'run_at' | 'attempts'>> {
-  name: string;
-  state: TaskState;
-  attempts: number;
+export interface WhyFacts extends WaitFacts {
   max_attempts: number;
-  run_at: Date;
   timeout_ms: number;
   lease_expires_at: Date | null;
   last_error: string | null;
@@ -85,7 +81,7 @@ export function why(t: WhyFacts, now: Date, known: KnownTasks, held: string | nu
     case 'pending':
       if (t.waiting_for.length > 0) return `waiting for ${list(t.waiting_for)} to succeed`;
       if (t.run_at > now) {
-        const waiting = t.snoozes === undefined ? null : waitText(t as WhyFacts & WaitFacts, now);
+        const waiting = waitText(t, now);
         if (waiting) return waiting;
         return t.attempts > 0
           ? `backing off until ${t.run_at.toISOString()} after attempt ${t.attempts} of ${t.max_attempts} failed: ${t.last_error ?? 'unknown error'}`
@@ -172,10 +168,7 @@ export async function explainRun(db: Database, runId: string, options: { now?: D
     id: string; name: string; state: RunState; error: string | null; failed_task_id: string | null; created_at: Date; finished_at: Date | null; now: Date;
   }>(RUN_SQL, [runId, options.now ?? null]);
   if (!run) return null;
-  const rows = await exec.query<{
-    id: string; step: string | null; name: string; state: TaskState; attempts: number; max_attempts: number; run_at: Date;
-    timeout_ms: number; lease_expires_at: Date | null; last_error: string | null; waiting_for: string[]; progress: TaskProgress | null;
-  } & FlowFacts>(TASKS_SQL, [runId]);
+  const rows = await exec.query<{ id: string; step: string | null; progress: TaskProgress | null } & WhyFacts & FlowFacts>(TASKS_SQL, [runId]);
   const known = await readKnownTasks(exec);
   const held = await heldBack(exec, rows, run.now);
   const counts: Partial<Record<TaskState, number>> = {};

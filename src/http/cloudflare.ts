@@ -1,7 +1,6 @@
 /**
  * `outlive/cloudflare`: the Worker's handlers. `scheduled` runs the cron
- * tick, `fetch` serves `POST /drain`, `POST /signal` (a provider's webhook or
- * the app's signed call ending the steps waiting on a key) and `/dashboard`. An app's Worker is
+ * tick, `fetch` serves `POST /drain`, `POST /signal` and `/dashboard`. An app's Worker is
  * two lines (an entry module may export nothing but handlers):
  *
  * ```ts
@@ -26,7 +25,7 @@ import { ConfigError, toError } from '../model/errors.js';
 import { handleDashboard } from './dashboard/index.js';
 import { cronPass } from './cron.js';
 import { handleDrain } from './drain.js';
-import { handleSignal, signingKey, type SignalRouteOptions } from './signal-route.js';
+import { checkSignalRouteOptions, handleSignal, type SignalRouteOptions } from './signal-route.js';
 import { budgetWithin, json, openInvocation, type FunctionsEnv, type Invocation, type TasksFor } from './invocation.js';
 import type { PgModule, Runtime } from '../db/connect.js';
 
@@ -133,25 +132,14 @@ export interface CloudflareWorkerOptions {
   pg?: PgModule;
   /** `'neon'` keeps Neon's driver even when `pg` is given. */
   driver?: 'pg' | 'neon';
-  /**
-   * The signal endpoint (`POST /signal`): how a provider's webhook becomes a
-   * signal (`toSignal`) and, rarely, its secrets in code (default the
-   * binding `OUTLIVE_SIGNAL_SECRETS`). On by default, with the body
-   * `{ key, payload }`; `false` answers 404 there.
-   */
+  /** `POST /signal`'s options (src/http/signal-route.ts); `false` answers 404 there. */
   signals?: SignalRouteOptions | false;
 }
 
 /** Builds the Worker for a task list (the default export uses `./tasks.ts`). */
 export function createCloudflareWorker(tasksFor: TasksFor, options: CloudflareWorkerOptions = {}) {
   const runtime: Runtime = { kind: 'workerd', pg: options.pg, driver: options.driver };
-  const signals = options.signals ?? {};
-  if (signals !== false) {
-    signals.secrets?.forEach((s, i) => signingKey(s, `signals.secrets[${i}] of createCloudflareWorker`));
-    if (signals.toSignal !== undefined && typeof signals.toSignal !== 'function') {
-      throw new ConfigError('outlive: createCloudflareWorker: signals.toSignal must be a function');
-    }
-  }
+  const signals = options.signals === false ? false : checkSignalRouteOptions(options.signals ?? {}, 'createCloudflareWorker signals');
   return {
     /** The cron trigger: recovery, then a bounded pass. */
     async scheduled(controller: ScheduledController, env: FunctionsEnv, ctx: ExecutionContext): Promise<void> {
@@ -177,7 +165,7 @@ export function createCloudflareWorker(tasksFor: TasksFor, options: CloudflareWo
   };
 }
 
-/** `POST /signal`: the signal, then its pass in `ctx.waitUntil`, so its budget is the background drain's. */
+/** `POST /signal`: its pass runs in `ctx.waitUntil`, on the background drain's budget. */
 async function signalRoute(
   request: Request,
   env: FunctionsEnv,
@@ -190,7 +178,7 @@ async function signalRoute(
   return serve('signal', env, ctx, tasksFor, runtime, budget, (inv) => handleSignal(request, inv, options));
 }
 
-/** One request's invocation: opened (a 500 naming no secret if it cannot be), handed to `handle`, closed once the response and its background work are done. */
+/** One request's invocation: opened (or a 500), handed to `handle`, closed after its background work. */
 async function serve(
   what: 'drain' | 'signal',
   env: FunctionsEnv,

@@ -3,9 +3,8 @@
  * transaction that enqueued a task has committed, so a pass starts at once
  * instead of at the next cron tick.
  *
- * A nudge carries no work and no authority over rows (the same secret signs
- * the app's own calls to the signal route, src/http/signal-route.ts, which
- * do end waits). Losing one is harmless
+ * A nudge carries no work and no authority over rows (the signal route's
+ * calls, signed alike, do). Losing one is harmless
  * (the row is the truth; the next cron tick claims the task), and so is a
  * duplicate (passes claim disjoint tasks). What the signature protects is the
  * endpoint: without the shared secret nobody can make it run passes.
@@ -91,16 +90,22 @@ function base64url(bytes: ArrayBuffer): string {
   return btoa(binary).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
 }
 
-function fromBase64url(text: string): Uint8Array<ArrayBuffer> | null {
-  if (!/^[A-Za-z0-9_-]+$/.test(text)) return null;
+/** Decodes standard base64 (padding optional), or null for anything else. */
+export function fromBase64(text: string): Uint8Array<ArrayBuffer> | null {
+  const bare = text.replace(/=+$/, '');
+  if (!/^[A-Za-z0-9+/]+={0,2}$/.test(text) || bare.length % 4 === 1) return null;
   try {
-    const binary = atob(text.replace(/-/g, '+').replace(/_/g, '/') + '='.repeat((4 - (text.length % 4)) % 4));
+    const binary = atob(bare + '='.repeat((4 - (bare.length % 4)) % 4));
     const bytes = new Uint8Array(binary.length);
     for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
     return bytes;
   } catch {
     return null;
   }
+}
+
+function fromBase64url(text: string): Uint8Array<ArrayBuffer> | null {
+  return /^[A-Za-z0-9_-]+$/.test(text) ? fromBase64(text.replace(/-/g, '+').replace(/_/g, '/')) : null;
 }
 
 function newNonce(): string {

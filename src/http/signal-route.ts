@@ -37,6 +37,7 @@ import { readBody } from './drain.js';
 import {
   canonicalEndpoint,
   checkSecret,
+  fromBase64,
   parseEndpoints,
   SIGNATURE_HEADER,
   verifyNudge,
@@ -115,19 +116,6 @@ export type SignalRejectReason = RejectReason | 'unconfigured';
 export type WebhookVerification =
   | { ok: true; id: string; timestamp: Date }
   | { ok: false; reason: 'missing' | 'malformed' | 'wrong' | 'stale'; detail: string };
-
-/** Decodes standard base64 (padding optional), or null for anything else. */
-function fromBase64(text: string): Uint8Array<ArrayBuffer> | null {
-  if (!/^[A-Za-z0-9+/]+={0,2}$/.test(text) || text.replace(/=+$/, '').length % 4 === 1) return null;
-  try {
-    const binary = atob(text.replace(/=+$/, '') + '='.repeat((4 - (text.replace(/=+$/, '').length % 4)) % 4));
-    const bytes = new Uint8Array(binary.length);
-    for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
-    return bytes;
-  } catch {
-    return null;
-  }
-}
 
 /**
  * The HMAC key of one signing secret: the base64 after `whsec_`, decoded, or
@@ -221,12 +209,18 @@ interface SignalSettings {
   endpoints: string[];
 }
 
+/** Checks options given in code at once (a secret that cannot be a key, a `toSignal` that is not a function), naming `where`. */
+export function checkSignalRouteOptions(options: SignalRouteOptions, where: string): SignalRouteOptions {
+  options.secrets?.forEach((s, i) => signingKey(s, `secrets[${i}] of ${where}`));
+  if (options.toSignal !== undefined && typeof options.toSignal !== 'function') throw new ConfigError(`outlive: ${where}: toSignal must be a function`);
+  return options;
+}
+
 function settingsOf(request: Request, env: FunctionsEnv, options: SignalRouteOptions): SignalSettings {
+  // Secrets given in code were checked when the route was made (checkSignalRouteOptions).
   let secrets: readonly string[];
-  if (options.secrets !== undefined) {
-    secrets = options.secrets;
-    secrets.forEach((s, i) => signingKey(s, `secrets[${i}] of the signal route`));
-  } else {
+  if (options.secrets !== undefined) secrets = options.secrets;
+  else {
     const listed = env[SIGNAL_SECRETS_SETTING];
     if (listed !== undefined && typeof listed !== 'string') throw new ConfigError(`outlive: ${SIGNAL_SECRETS_SETTING} must be a string`);
     secrets = parseSignalSecrets(listed ?? '');

@@ -1,8 +1,7 @@
 /**
  * `outlive/vercel`: Vercel routes as Web `Request` to `Response` handlers:
  * the cron route (`GET`, `Authorization: Bearer <CRON_SECRET>`), the drain
- * route (`POST`, signed), the signal route (`POST`, Standard Webhooks or
- * outlive-signed: `createSignalRoute`) and the dashboard. An app's files under `api/` are a
+ * route (`POST`, signed), the signal route (`createSignalRoute`) and the dashboard. An app's files under `api/` are a
  * line or two each:
  *
  * ```ts
@@ -24,9 +23,9 @@
 import { handleCronRequest } from './cron.js';
 import { handleDashboard } from './dashboard/index.js';
 import { handleDrain } from './drain.js';
-import { handleSignal, signingKey, type SignalRouteOptions } from './signal-route.js';
+import { checkSignalRouteOptions, handleSignal, type SignalRouteOptions } from './signal-route.js';
 import { budgetWithin, json, openInvocation, type FunctionsEnv, type Invocation, type TasksFor } from './invocation.js';
-import { ConfigError, toError } from '../model/errors.js';
+import { toError } from '../model/errors.js';
 import type { DriverName, PgModule, Runtime } from '../db/connect.js';
 
 // The budget follows the limits Vercel documents (vercel.com/docs/functions/
@@ -208,12 +207,7 @@ export function createDrainRoute(tasksFor: TasksFor, options: RouteOptions = {})
 }
 
 /**
- * Builds the signal route's `POST` handler for a task list: a provider's
- * webhook (Standard Webhooks, verified with `secrets`, default
- * `OUTLIVE_SIGNAL_SECRETS`) or the app's own signed call ends the steps
- * waiting on a key, then a pass runs them on (in Vercel's `waitUntil` after
- * answering, where there is one). Throws ConfigError at once for a secret
- * given in `secrets` that cannot be a key.
+ * Builds the signal route's `POST` handler (src/http/signal-route.ts) for a task list.
  *
  * ```ts
  * // api/signal.ts
@@ -227,9 +221,7 @@ export function createDrainRoute(tasksFor: TasksFor, options: RouteOptions = {})
  */
 export function createSignalRoute(tasksFor: TasksFor, options: SignalRouteOptions & RouteOptions = {}) {
   const { secrets, toSignal, ...routeOptions } = options;
-  secrets?.forEach((s, i) => signingKey(s, `secrets[${i}] of createSignalRoute`));
-  if (toSignal !== undefined && typeof toSignal !== 'function') throw new ConfigError('outlive: createSignalRoute: toSignal must be a function');
-  const signalOptions: SignalRouteOptions = { ...(secrets ? { secrets } : {}), ...(toSignal ? { toSignal } : {}) };
+  const signalOptions = checkSignalRouteOptions({ ...(secrets ? { secrets } : {}), ...(toSignal ? { toSignal } : {}) }, 'createSignalRoute');
   return async function POST(request: Request): Promise<Response> {
     const opened = await open(tasksFor, routeOptions, { background: true });
     if (opened instanceof Response) return opened;

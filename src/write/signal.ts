@@ -1,8 +1,7 @@
 /**
- * Signals: what ends a step made by `waitFor`, sent in the caller's
- * transaction like an enqueue, so the business write and the signal commit
- * together. One statement (`outlive.send_signal`, migration 0017), so it is
- * atomic on a pool too and fits in a drizzle `db.batch`.
+ * Signals: what ends a step made by `waitFor`, written in the caller's
+ * transaction like an enqueue, as one statement so it is atomic on a pool
+ * and fits in a drizzle `db.batch`.
  */
 import { toExecutor, toStatementSql, type StatementSql, type Transactional } from '../db/executor.js';
 import { OutliveError } from '../model/errors.js';
@@ -16,16 +15,9 @@ export class InvalidSignalError extends OutliveError {}
 
 /** Options of {@link signal}. */
 export interface SignalOptions {
-  /**
-   * The signal's id, unique per key: the same id sent again (a webhook
-   * redelivered) is the same signal and changes nothing. Default: a random
-   * UUID, which deduplicates nothing.
-   */
+  /** Unique per key: the same id again (a redelivered webhook) changes nothing. Default: a random UUID. */
   id?: string;
-  /**
-   * How long a signal that found no wait is kept for one that begins later,
-   * and how long its id is remembered. Default a day; at most 365 days.
-   */
+  /** How long a signal no wait took is kept, and its id remembered. Default a day; at most 365 days. */
   keepMs?: number;
 }
 
@@ -94,8 +86,7 @@ export function signalSql(key: string, payload: unknown, options: SignalOptions 
 }
 
 /**
- * The batch item that sends a signal, for drizzle's `db.batch([...])` over
- * neon-http (no interactive transaction): it commits with the batch.
+ * The batch item that sends a signal in a drizzle `db.batch([...])` (neon-http), committing with the batch.
  *
  * ```ts
  * await db.batch([db.update(payments).set({ paid: true }).where(...), batchSignal(db, `payment:${id}`, { paid: true }, { id: eventId })]);
