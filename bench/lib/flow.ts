@@ -336,6 +336,8 @@ interface FairRun {
   shareStarts?: number;
   aLeft?: number;
   bLeft?: number;
+  /** outlive: how long B's enqueue calls took (their commit is part of B's latency). */
+  enqueueMs?: number[];
 }
 
 type FairKind = 'idle' | 'loaded' | 'jitter' | 'prefetch0' | 'keys' | 'weighted';
@@ -384,18 +386,19 @@ async function fairRunOutlive(ctx: Context, procs: FairProcs, kind: FairKind): P
       ),
     );
     let bCount = 0;
+    let enqueueMs: number[] | undefined;
     if (weighted) await sleep(goAt + f.fairWeightedWarmMs + f.fairWeightedWindowMs + 200 - epochMs());
     else {
       // Idle: the workers sit idle first; loaded: A's backlog has them all busy first.
       await sleep(kind === 'idle' ? 1_000 : 2_000);
       bCount = kind === 'idle' ? f.fairIdle : f.fairB;
-      await flow(enqueuer, 'enqueueSpacedB', { variant, count: bCount, spacingMs: f.fairSpacingMs, hold: f.fairHoldMs });
+      ({ enqueueMs } = await flow<{ enqueueMs: number[] }>(enqueuer, 'enqueueSpacedB', { variant, count: bCount, spacingMs: f.fairSpacingMs, hold: f.fairHoldMs }));
       await withProbe(db, (p) => waitBDone(p, 'outlive', f.fairWaitMs));
     }
     const reports = await Promise.all(workers.map((w) => flow<{ fair: FairReport }>(w, 'stopWorker')));
     const aStarts = reports.flatMap((r) => r.fair.aStarts);
     const bStarts = reports.flatMap((r) => r.fair.bStarts);
-    const run: FairRun = { latencies: reports.flatMap((r) => r.fair.bLatencies), bCount, aStarted: aStarts.length, bStarted: bStarts.length };
+    const run: FairRun = { latencies: reports.flatMap((r) => r.fair.bLatencies), bCount, aStarted: aStarts.length, bStarted: bStarts.length, enqueueMs };
     if (weighted) {
       const from = goAt + f.fairWeightedWarmMs;
       const to = from + f.fairWeightedWindowMs;
@@ -475,7 +478,8 @@ export async function fairness(ctx: Context, system: SystemName): Promise<PhaseR
       (r.latencies.length ? `, p50 ${fmt(p50)} ms, p99 ${fmt(p99)} ms, max ${fmt(Math.max(...r.latencies))} ms` : '') +
       (idle && r.latencies.length ? ` (p99 ${fmt(ratio, 2)}x idle)` : '') +
       (missing > 0 ? `; ${missing} did not start within ${fmt(waitedSec)} s of the first B enqueue` : '') +
-      (r.aLeft !== undefined ? `; A: ${r.aStarted.toLocaleString('en-US')} started, ${r.aLeft.toLocaleString('en-US')} still waiting at the end` : '')
+      (r.aLeft !== undefined ? `; A: ${r.aStarted.toLocaleString('en-US')} started, ${r.aLeft.toLocaleString('en-US')} still waiting at the end` : '') +
+      (r.enqueueMs?.length ? `; B's enqueue call p50 ${fmt(quantile(r.enqueueMs, 0.5))} / p99 ${fmt(quantile(r.enqueueMs, 0.99))} ms` : '')
     );
   };
   const put = (prefix: string, r: FairRun, idle: FairRun | null) => {
