@@ -4,7 +4,7 @@
  * pages: `handleDashboard(request, db, { token, basePath })`.
  *
  * Routes under `basePath`: `/` the overview, `/runs/:id`, `/tasks/:id`,
- * `/limits`, and the actions `POST /tasks/:id/retry`, `POST /runs/:id/retry`,
+ * `/limits`, `/metrics` (Prometheus text), and the actions `POST /tasks/:id/retry`, `POST /runs/:id/retry`,
  * `POST /runs/:id/cancel`, `POST /limits/pause` and `/limits/resume` (form
  * field `key`; `for` in ms and `reason` to pause), `POST /queues/pause` and
  * `/queues/resume` (`queue`; `reason` to pause). Without the token every
@@ -19,6 +19,7 @@ import { secretsEqual } from '../nudge.js';
 import { retryRun, retryTask } from '../../admin/retry.js';
 import { FlowControlError, pauseKey, pauseQueue, resumeKey, resumeQueue } from '../../admin/flow.js';
 import { credentialOf, csrfValue, sameSiteForm, sessionCookie } from './auth.js';
+import { metricsResponse } from './metrics.js';
 import { limitsPage, messagePage, overviewPage, runPage, taskPage, type PageContext } from './pages.js';
 import { finishedPerMinute, getTask, listFailures, listKeys, listRuns, listSchedules, pausedQueues, runEdges, status } from '../../admin/queries.js';
 
@@ -114,6 +115,7 @@ export async function handleDashboard(request: Request, db: Database, options: D
   try {
     if (request.method === 'POST') return await act(request, db, path, basePath, token, credential);
     if (request.method !== 'GET' && request.method !== 'HEAD') return page(405, messagePage('Method not allowed', 'Use GET or POST.'), { allow: 'GET, HEAD, POST' });
+    if (path === '/metrics') return await metricsResponse(db);
     const ctx: PageContext = {
       basePath,
       csrf: await csrfValue(token),
