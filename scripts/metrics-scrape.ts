@@ -14,7 +14,7 @@
 import pg from 'pg';
 import { migrate } from '../src/node/index.js';
 import { handleDashboard } from '../src/http/dashboard/index.js';
-import { METRICS_STATEMENTS, metricsParams } from '../src/admin/metrics.js';
+import { METRICS_STATEMENTS, metricsParams, metricsSnapshot } from '../src/admin/metrics.js';
 import { status } from '../src/admin/queries.js';
 import { scratchDatabase } from './local/scratch-db.js';
 
@@ -107,18 +107,34 @@ async function main(): Promise<void> {
 
     const params = metricsParams();
     let server = 0;
-    for (const [name, text] of Object.entries(METRICS_STATEMENTS)) {
-      const times: number[] = [];
-      const buffers: number[] = [];
-      for (let i = 0; i < 10; i++) {
-        const [{ 'QUERY PLAN': [plan] }] = (await pool.query(`EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${text}`, params[name as keyof typeof params])).rows;
-        times.push(plan['Execution Time'] + plan['Planning Time']);
-        buffers.push((plan.Plan['Shared Hit Blocks'] ?? 0) + (plan.Plan['Shared Read Blocks'] ?? 0));
+    const client = await pool.connect();
+    try {
+      for (const [name, text] of Object.entries(METRICS_STATEMENTS)) {
+        const times: number[] = [];
+        const buffers: number[] = [];
+        for (let i = 0; i < 10; i++) {
+          // Planned as metricsSnapshot plans it: in a transaction with sequential scans priced out.
+          await client.query('BEGIN');
+          await client.query(`SELECT pg_catalog.set_config('enable_seqscan', 'off', true), pg_catalog.set_config('jit', 'off', true)`);
+          const [{ 'QUERY PLAN': [plan] }] = (await client.query(`EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${text}`, params[name as keyof typeof params])).rows;
+          await client.query('COMMIT');
+          times.push(plan['Execution Time'] + plan['Planning Time']);
+          buffers.push((plan.Plan['Shared Hit Blocks'] ?? 0) + (plan.Plan['Shared Read Blocks'] ?? 0));
+        }
+        server += median(times);
+        console.log(`  ${name}: server p50 ${median(times).toFixed(2)} ms (planning + execution, under EXPLAIN ANALYZE), ${median(buffers)} buffers`);
       }
-      server += median(times);
-      console.log(`  ${name}: server p50 ${median(times).toFixed(2)} ms (planning + execution), ${median(buffers)} buffers`);
+    } finally {
+      client.release();
     }
-    console.log(`  all three: ${server.toFixed(2)} ms of Postgres time per scrape (they run concurrently, on three connections)`);
+    console.log(`  all three: ${server.toFixed(2)} ms of Postgres time per scrape`);
+    const snap: number[] = [];
+    for (let i = 0; i < 20; i++) {
+      t = performance.now();
+      await metricsSnapshot(pool);
+      snap.push(performance.now() - t);
+    }
+    console.log(`metricsSnapshot() alone (BEGIN, settings, three statements, COMMIT): wall p50 ${median(snap).toFixed(1)} ms`);
 
     const counts: number[] = [];
     for (let i = 0; i < 5; i++) {
