@@ -17,12 +17,22 @@ const at = (seconds: number) => new Date(NOW.getTime() + seconds * 1000);
 const TOKEN = 'metrics-dashboard-token-0123456789';
 
 /** Inserts one task row: defaults of a plain pending row, overridden by `cols`. */
-async function row(cols: Record<string, unknown>): Promise<void> {
+async function row(cols: Record<string, unknown>): Promise<string> {
   const all: Record<string, unknown> = { name: 'job', queue: 'default', input: '{}', max_attempts: 3, timeout_ms: 1000, run_at: NOW, ...cols };
   const names = Object.keys(all);
-  await db.pool.query(
-    `INSERT INTO outlive.tasks (${names.join(', ')}) VALUES (${names.map((_, i) => `$${i + 1}`).join(', ')})`,
+  const { rows } = await db.pool.query(
+    `INSERT INTO outlive.tasks (${names.join(', ')}) VALUES (${names.map((_, i) => `$${i + 1}`).join(', ')}) RETURNING id::text`,
     Object.values(all),
+  );
+  return rows[0].id;
+}
+
+/** An edge of a run: `task` waits for `dependsOn`. */
+async function edge(task: string, dependsOn: string): Promise<void> {
+  await db.pool.query(
+    `WITH r AS (INSERT INTO outlive.runs (name) VALUES ('metrics') RETURNING id)
+     INSERT INTO outlive.task_deps (run_id, task_id, depends_on) SELECT r.id, $1, $2 FROM r`,
+    [task, dependsOn],
   );
 }
 
@@ -46,7 +56,13 @@ async function seed(): Promise<void> {
   await row({ queue: 'a', state: 'succeeded', attempts: 1, run_at: at(-51.5), started_at: at(-50), finished_at: at(-47) });
   await row({ queue: 'b', state: 'failed', attempts: 3, max_attempts: 3, fair_key: '', run_at: at(-22.5), started_at: at(-20), finished_at: at(-15) });
   await row({ queue: 'a', state: 'succeeded', attempts: 1, run_at: at(-4000), started_at: at(-4000), finished_at: at(-3990) });
-  await row({ queue: 'a', name: '$wait', state: 'succeeded', attempts: 1, input: '{"ms":1}', run_at: at(-200), started_at: at(-200), finished_at: at(-10) });
+  // A wait its signal ended, and the step after it started 0.25 s later; a
+  // wait ended by its deadline, whose next step is left out.
+  const signalled = await row({ queue: 'a', name: '$wait', state: 'succeeded', attempts: 1, input: '{"key":"k2","timeoutMs":600000}',
+    signal: '{"id":"s1","payload":null}', run_at: at(-200), started_at: at(-200), finished_at: at(-10) });
+  await edge(await row({ queue: 'a', state: 'running', attempts: 1, run_at: at(-10), started_at: at(-9.75), lease_owner: 'p', lease_expires_at: at(60) }), signalled);
+  const timedOut = await row({ queue: 'a', name: '$wait', state: 'succeeded', attempts: 1, input: '{"ms":1}', run_at: at(-200), started_at: at(-200), finished_at: at(-11) });
+  await edge(await row({ queue: 'a', state: 'failed', attempts: 1, run_at: at(-11), started_at: at(-1000), finished_at: at(-2000) }), timedOut);
   // A paused queue with no tasks, and a paused key.
   await db.pool.query(`INSERT INTO outlive.queue_pauses (queue, reason) VALUES ('c', 'maintenance')`);
   await db.pool.query(`INSERT INTO outlive.limits (key, paused_until, paused_by) VALUES ('key1', $1, 'hand'), ('key2', $2, 'hand')`, [at(600), at(-600)]);
@@ -60,10 +76,10 @@ describe('the metrics snapshot', () => {
     expect(s.now).toEqual(NOW);
     const q = Object.fromEntries(s.queues.map((x) => [x.queue, x]));
     expect(Object.keys(q)).toEqual(['a', 'b', 'c']);
-    expect(q.a!.depth).toEqual({ ready: 4, scheduled: 2, running: 1, waiting: 2 });
+    expect(q.a!.depth).toEqual({ ready: 4, scheduled: 2, running: 2, waiting: 2 });
     expect(q.a!.lagSeconds).toBe(60);
     expect(q.a!.blockedOnLimits).toBe(0);
-    expect(q.a!.finished).toEqual({ succeeded: 3, failed: 0, cancelled: 0, skipped: 0 });
+    expect(q.a!.finished).toEqual({ succeeded: 4, failed: 0, cancelled: 0, skipped: 0 });
     expect(q.b!.depth).toEqual({ ready: 2, scheduled: 1, running: 0, waiting: 2 });
     expect(q.b!.blockedOnLimits).toBe(2);
     expect(q.b!.lagSeconds).toBe(120);
@@ -75,20 +91,24 @@ describe('the metrics snapshot', () => {
     // Attempts of 1, 3 and 5 s, started 0.5, 1.5 and 2.5 s after due; the wait is left out.
     expect(s.attemptSeconds).toEqual({ 0.5: 3, 0.9: expect.closeTo(4.6, 6), 0.99: expect.closeTo(4.96, 6) });
     expect(s.startLatencySeconds[0.5]).toBe(1.5);
+    expect(s.signalToResumeSeconds).toEqual({ 0.5: 0.25, 0.9: 0.25, 0.99: 0.25 });
   });
 
   it('moves with the clock: an hour later the scheduled rows are ready, and the window is empty', async () => {
     const s = await metricsSnapshot(db.pool, { now: at(3601) });
     const a = s.queues.find((x) => x.queue === 'a')!;
-    expect(a.depth).toEqual({ ready: 8, scheduled: 0, running: 1, waiting: 0 });
+    expect(a.depth).toEqual({ ready: 8, scheduled: 0, running: 2, waiting: 0 });
     expect(a.lagSeconds).toBe(3661);
     expect(a.finished.succeeded).toBe(0);
     expect(s.attemptSeconds[0.5]).toBeNull();
+    expect(s.signalToResumeSeconds[0.5]).toBeNull();
   });
 
   it('reads at most sampleCap rows per final state, and says so', async () => {
     const s = await metricsSnapshot(db.pool, { now: NOW, sampleCap: 2 });
     expect(s.queues.find((x) => x.queue === 'a')!.finished.succeeded).toBe(2);
+    // The latest two successes are the wait its signal ended and the one at -11 s.
+    expect(s.signalToResumeSeconds[0.5]).toBe(0.25);
     expect(s.sampled).toBe(true);
     await expect(metricsSnapshot(db.pool, { windowSeconds: 0 })).rejects.toThrow(/windowSeconds must be above 0/);
   });
@@ -167,6 +187,7 @@ describe('Prometheus text', () => {
     const snapshot: MetricsSnapshot = {
       now: NOW, keysPaused: 0, windowSeconds: 300, sampleCap: 10, sampled: false,
       attemptSeconds: { 0.5: null, 0.9: null, 0.99: null }, startLatencySeconds: { 0.5: 0.25, 0.9: 1, 0.99: 2 },
+      signalToResumeSeconds: { 0.5: null, 0.9: null, 0.99: null },
       queues: [{ queue, depth: { ready: 1, scheduled: 0, running: 0, waiting: 0 }, blockedOnLimits: 0, lagSeconds: 1.5, paused: false,
         finished: { succeeded: 0, failed: 0, cancelled: 0, skipped: 0 } }],
     };
@@ -224,9 +245,9 @@ async function checkPlans(guarded: boolean): Promise<void> {
       expect(scans.length, where).toBeGreaterThan(0);
       for (const s of scans) {
         expect(s.type, `${where}: ${JSON.stringify(s)}`).toMatch(/^(Index Scan|Index Only Scan|Bitmap Index Scan|Bitmap Heap Scan)( Backward)?$/);
-        if (s.type !== 'Bitmap Heap Scan') expect(s.index, where).toMatch(/^tasks_(claim|governed|unplaced|blocked|lease|state_finished)_idx$/);
+        if (s.type !== 'Bitmap Heap Scan') expect(s.index, where).toMatch(/^tasks_((claim|governed|unplaced|blocked|lease|state_finished)_idx|pkey)$/);
       }
-      // 20 live rows and 6 finished in or near the window are seeded; the 100,000 are never read.
+      // 21 live rows and 8 finished in or near the window are seeded; the 100,000 are never read.
       const read = scans.filter((s) => s.type !== 'Bitmap Index Scan').reduce((n, s) => n + s.rows, 0);
       expect(read, where).toBeLessThan(100);
     }

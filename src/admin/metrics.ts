@@ -73,6 +73,12 @@ export interface MetricsSnapshot {
   attemptSeconds: Quantiles;
   /** Start latencies (`started_at - run_at`: from due to claimed) of the same tasks' last attempts. */
   startLatencySeconds: Quantiles;
+  /**
+   * Of waits a signal ended within the window (among the latest `sampleCap`
+   * successes), the time from the wait's end to the start of each step
+   * waiting on it that has started (its last attempt's start).
+   */
+  signalToResumeSeconds: Quantiles;
 }
 
 /** How {@link readMetrics} reads. */
@@ -131,13 +137,17 @@ FROM pending p FULL JOIN running r ON r.queue OPERATOR(pg_catalog.=) p.queue CRO
 
 // The latest rows of each final state within the window, read backwards
 // along tasks_state_finished_idx (state, finished_at): at most $3 each.
+// Then, of those, the counts; the durations of attempts that succeeded or
+// failed; and, for waits ended by a signal, the time to the start of the
+// steps waiting on them (their edges by task_deps_depends_on_idx, the steps
+// by primary key).
 const FINISHED_SQL = `
 WITH clock AS (SELECT coalesce($1::timestamptz, pg_catalog.now()) AS now_at),
 recent AS (
   SELECT x.* FROM clock c
   CROSS JOIN pg_catalog.unnest($4::outlive.task_state[]) AS s(state)
   CROSS JOIN LATERAL (
-    SELECT t.queue, t.state, t.name, t.run_at, t.started_at, t.finished_at FROM outlive.tasks t
+    SELECT t.id, t.queue, t.state, t.name, t.run_at, t.started_at, t.finished_at, t.signal IS NOT NULL AS signalled FROM outlive.tasks t
     WHERE t.state OPERATOR(pg_catalog.=) s.state
       AND t.finished_at OPERATOR(pg_catalog.>) (c.now_at OPERATOR(pg_catalog.-) ($2::float8 OPERATOR(pg_catalog.*) interval '1 second'))
       AND t.finished_at OPERATOR(pg_catalog.<=) c.now_at
@@ -145,15 +155,24 @@ recent AS (
     LIMIT $3
   ) x
 )
-SELECT r.queue, r.state::text AS state, pg_catalog.count(*)::int AS n, NULL::float8[] AS attempt, NULL::float8[] AS latency
+SELECT 'count' AS kind, r.queue, r.state::text AS state, pg_catalog.count(*)::int AS n, NULL::float8[] AS a, NULL::float8[] AS b
 FROM recent r GROUP BY r.queue, r.state
 UNION ALL
-SELECT NULL, NULL, NULL,
+SELECT 'durations', NULL, NULL, NULL,
        pg_catalog.percentile_cont($5::float8[]) WITHIN GROUP (ORDER BY extract(epoch FROM (r.finished_at OPERATOR(pg_catalog.-) r.started_at))::float8),
        pg_catalog.percentile_cont($5::float8[]) WITHIN GROUP (ORDER BY greatest(extract(epoch FROM (r.started_at OPERATOR(pg_catalog.-) r.run_at))::float8, 0))
 FROM recent r
 WHERE r.state OPERATOR(pg_catalog.=) ANY (ARRAY['succeeded', 'failed']::outlive.task_state[])
-  AND r.name OPERATOR(pg_catalog.<>) $6 AND r.started_at IS NOT NULL`;
+  AND r.name OPERATOR(pg_catalog.<>) $6 AND r.started_at IS NOT NULL
+UNION ALL
+SELECT 'resume', NULL, NULL, NULL,
+       pg_catalog.percentile_cont($5::float8[]) WITHIN GROUP (ORDER BY extract(epoch FROM (n.started_at OPERATOR(pg_catalog.-) r.finished_at))::float8),
+       NULL
+FROM recent r
+JOIN outlive.task_deps d ON d.depends_on OPERATOR(pg_catalog.=) r.id
+JOIN outlive.tasks n ON n.id OPERATOR(pg_catalog.=) d.task_id
+WHERE r.state OPERATOR(pg_catalog.=) 'succeeded' AND r.name OPERATOR(pg_catalog.=) $6 AND r.signalled
+  AND n.started_at OPERATOR(pg_catalog.>=) r.finished_at`;
 
 const PAUSES_SQL = `
 SELECT (SELECT pg_catalog.count(*)::int FROM outlive.limits l
@@ -195,7 +214,7 @@ function quantiles(values: number[] | null): Quantiles {
 }
 
 interface DepthRow { queue: string; ready: number; scheduled: number; running: number; waiting: number; blocked: number; lag_seconds: number }
-interface FinishedRow { queue: string | null; state: FinishedState | null; n: number | null; attempt: number[] | null; latency: number[] | null }
+interface FinishedRow { kind: 'count' | 'durations' | 'resume'; queue: string | null; state: FinishedState | null; n: number | null; a: number[] | null; b: number[] | null }
 
 /** Reads a {@link MetricsSnapshot} on `q`: three statements, each over live rows or the window's. */
 export async function readMetrics(q: Executor, options: MetricsOptions = {}): Promise<MetricsSnapshot> {
@@ -219,15 +238,18 @@ export async function readMetrics(q: Executor, options: MetricsOptions = {}): Pr
   }
   let attempt: number[] | null = null;
   let latency: number[] | null = null;
+  let resume: number[] | null = null;
   const perState = zeroes(FINISHED_STATES);
   for (const r of finished) {
-    if (r.queue === null || r.state === null) {
-      attempt = r.attempt;
-      latency = r.latency;
-      continue;
+    if (r.kind === 'durations') {
+      attempt = r.a;
+      latency = r.b;
+    } else if (r.kind === 'resume') {
+      resume = r.a;
+    } else {
+      queue(r.queue!).finished[r.state!] = r.n ?? 0;
+      perState[r.state!] += r.n ?? 0;
     }
-    queue(r.queue).finished[r.state] = r.n ?? 0;
-    perState[r.state] += r.n ?? 0;
   }
   for (const name of pauses!.queues) queue(name).paused = true;
   return {
@@ -239,6 +261,7 @@ export async function readMetrics(q: Executor, options: MetricsOptions = {}): Pr
     sampled: FINISHED_STATES.some((s) => perState[s] >= cap),
     attemptSeconds: quantiles(attempt),
     startLatencySeconds: quantiles(latency),
+    signalToResumeSeconds: quantiles(resume),
   };
 }
 

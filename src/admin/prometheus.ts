@@ -64,5 +64,7 @@ export function prometheusText(s: MetricsSnapshot): string {
       quantileSamples(s.attemptSeconds)),
     metric('outlive_recent_start_latency_seconds', `Quantiles of the time from due to started of the last attempt of tasks that succeeded or failed in ${window}.`,
       quantileSamples(s.startLatencySeconds)),
+    metric('outlive_recent_signal_to_resume_seconds', `Quantiles of the time from a wait's end by its signal to the start of the step after it, for waits ended in ${window}.`,
+      quantileSamples(s.signalToResumeSeconds)),
   ].join('\n') + '\n';
 }
