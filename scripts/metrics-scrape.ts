@@ -7,7 +7,9 @@
  * execution time of each statement (EXPLAIN ANALYZE), and the overview's
  * count by state over the same table for comparison.
  *
- *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres node --import tsx scripts/metrics-scrape.ts [rows]
+ *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres node --conditions=outlive-source --import tsx scripts/metrics-scrape.ts [rows] [ready]
+ *
+ * `ready` (default 5,000) sets the backlog of ready tasks among the rows.
  *
  * It creates a scratch database beside DATABASE_URL's and drops it after.
  */
@@ -25,8 +27,8 @@ function median(xs: number[]): number {
   return s[Math.floor(s.length / 2)]!;
 }
 
-async function seed(pool: pg.Pool, total: number): Promise<void> {
-  const live = { ready: 5_000, scheduled: 2_000, running: 200, waits: 1_000, blocked: 1_000 };
+async function seed(pool: pg.Pool, total: number, ready: number): Promise<void> {
+  const live = { ready, scheduled: 2_000, running: 200, waits: 1_000, blocked: 1_000 };
   const recent = 72_000; // 20/s over the last hour
   const history = total - recent - Object.values(live).reduce((a, b) => a + b, 0);
   await pool.query(
@@ -78,12 +80,15 @@ async function seed(pool: pg.Pool, total: number): Promise<void> {
 
 async function main(): Promise<void> {
   const total = Number(process.argv[2] ?? 1_000_000);
+  const ready = Number(process.argv[3] ?? 5_000);
   const scratch = await scratchDatabase('outlive_metrics');
   const pool = new pg.Pool({ connectionString: scratch.url, max: 4 });
+  // The drop ends the pool's idle connections from the server's side.
+  pool.on('error', () => {});
   try {
     await migrate(scratch.url);
     let t = performance.now();
-    await seed(pool, total);
+    await seed(pool, total, ready);
     const [{ n }] = (await pool.query(`SELECT count(*)::int AS n FROM outlive.tasks`)).rows;
     console.log(`seeded ${n} rows in ${((performance.now() - t) / 1000).toFixed(1)} s`);
 

@@ -67,7 +67,7 @@ export interface MetricsSnapshot {
   windowSeconds: number;
   /** Rows read per final state at most: past it, counts and durations are of the latest `sampleCap` rows. */
   sampleCap: number;
-  /** True when some final state had more than `sampleCap` rows within the window. */
+  /** True when some final state reached `sampleCap` rows within the window (so it may have had more). */
   sampled: boolean;
   /** Attempt durations (`finished_at - started_at`) of tasks that succeeded or failed within the window; waits left out. */
   attemptSeconds: Quantiles;

@@ -58,7 +58,7 @@ export function prometheusText(s: MetricsSnapshot): string {
     metric('outlive_recent_window_seconds', 'The window the outlive_recent_* metrics are read over, in seconds.', [[{}, s.windowSeconds]]),
     metric('outlive_recent_finished_tasks', `Tasks per queue that reached each final state in ${window} (at most ${s.sampleCap} per state; see outlive_recent_sampled).`,
       s.queues.flatMap((q) => FINISHED_STATES.map((state): Sample => [{ queue: q.queue, state }, q.finished[state]]))),
-    metric('outlive_recent_sampled', `1 when a final state had more than ${s.sampleCap} tasks in ${window}, so the outlive_recent_* figures are of the latest ${s.sampleCap}.`,
+    metric('outlive_recent_sampled', `1 when a final state reached ${s.sampleCap} tasks in ${window}: the outlive_recent_* figures are then of its latest ${s.sampleCap}.`,
       [[{}, s.sampled ? 1 : 0]]),
     metric('outlive_recent_attempt_duration_seconds', `Quantiles of the last attempt's duration of tasks that succeeded or failed in ${window}.`,
       quantileSamples(s.attemptSeconds)),
