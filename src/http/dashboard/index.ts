@@ -4,11 +4,12 @@
  * pages: `handleDashboard(request, db, { token, basePath })`.
  *
  * Routes under `basePath`: `/` the overview, `/runs/:id`, `/tasks/:id`,
- * `/limits`, `/metrics` (Prometheus text), and the actions `POST /tasks/:id/retry`, `POST /runs/:id/retry`,
+ * `/limits`, and the actions `POST /tasks/:id/retry`, `POST /runs/:id/retry`,
  * `POST /runs/:id/cancel`, `POST /limits/pause` and `/limits/resume` (form
  * field `key`; `for` in ms and `reason` to pause), `POST /queues/pause` and
  * `/queues/resume` (`queue`; `reason` to pause). Without the token every
- * route answers 401 and shows nothing.
+ * route answers 401 and shows nothing. `/metrics` serves Prometheus text
+ * (`./metrics.ts`) behind the same token.
  */
 import { MIN_SECRET_LENGTHS } from '../../model/checks.js';
 import { cancelRun } from '../../admin/cancel.js';
