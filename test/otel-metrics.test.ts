@@ -41,6 +41,10 @@ describe('observeQueues', () => {
       `INSERT INTO outlive.tasks (name, queue, input, max_attempts, timeout_ms, run_at)
        VALUES ('job', 'mail', '{}', 3, 1000, pg_catalog.now() - interval '90 seconds'), ('job', 'mail', '{}', 3, 1000, pg_catalog.now() + interval '1 hour')`,
     );
+    await db.pool.query(
+      `INSERT INTO outlive.tasks (name, queue, state, input, attempts, max_attempts, timeout_ms, run_at, started_at, finished_at)
+       VALUES ('job', 'mail', 'succeeded', '{}', 1, 3, 1000, pg_catalog.now() - interval '10 s', pg_catalog.now() - interval '8 s', pg_catalog.now() - interval '5 s')`,
+    );
     await db.pool.query(`INSERT INTO outlive.queue_pauses (queue) VALUES ('mail')`);
     const errors: Error[] = [];
     const observer = observeQueues(provider.getMeter('test'), db.pool, { intervalMs: 60_000, onError: (e) => errors.push(e) });
@@ -53,6 +57,10 @@ describe('observeQueues', () => {
     expect(first.get('outlive.queue.paused{queue=mail}')).toBe(1);
     expect(first.get('outlive.limit.blocked_tasks{queue=mail}')).toBe(0);
     expect(first.get('outlive.limit.keys_paused{}')).toBe(0);
+    expect(first.get('outlive.recent.finished_tasks{queue=mail,state=succeeded}')).toBe(1);
+    expect(first.get('outlive.recent.attempt_duration{quantile=0.5}')).toBe(3);
+    expect(first.get('outlive.recent.start_latency{quantile=0.99}')).toBe(2);
+    expect(first.has('outlive.recent.signal_to_resume{quantile=0.5}')).toBe(false);
 
     // Within the interval the snapshot is reported again, not read again.
     await db.pool.query(`DELETE FROM outlive.queue_pauses`);

@@ -7,7 +7,7 @@
  * seconds is `outlive_queue_lag_seconds`).
  */
 import type { BatchObservableCallback, Meter, Observable } from '@opentelemetry/api';
-import { DEPTH_STATES, FINISHED_STATES, metricsSnapshot, type MetricsOptions, type MetricsSnapshot } from '../admin/metrics.js';
+import { DEPTH_STATES, FINISHED_STATES, QUANTILES, metricsSnapshot, type MetricsOptions, type MetricsSnapshot } from '../admin/metrics.js';
 import type { Database } from '../db/executor.js';
 import { toError } from '../model/errors.js';
 
@@ -30,9 +30,9 @@ export interface QueueObserver {
 
 /**
  * Registers observable gauges of each queue's depth by state, its lag, its
- * pause, its tasks blocked on limits, the paused keys and the window's
- * finished tasks on `meter`, read from the rows at most once per
- * `intervalMs`.
+ * pause, its tasks blocked on limits, the paused keys, and the window's
+ * finished tasks and quantiles of durations on `meter`, read from the rows
+ * at most once per `intervalMs`.
  */
 export function observeQueues(meter: Meter, db: Database, options: ObserveQueuesOptions = {}): QueueObserver {
   const intervalMs = options.intervalMs ?? 10_000;
@@ -44,7 +44,12 @@ export function observeQueues(meter: Meter, db: Database, options: ObserveQueues
   const blocked = meter.createObservableGauge('outlive.limit.blocked_tasks', { description: 'Tasks per queue waiting for a limit key to have room.', unit: '{task}' });
   const keysPaused = meter.createObservableGauge('outlive.limit.keys_paused', { description: 'Limit keys paused now.', unit: '{key}' });
   const finished = meter.createObservableGauge('outlive.recent.finished_tasks', { description: 'Tasks per queue that reached each final state within the window.', unit: '{task}' });
-  const observables: Observable[] = [depth, lag, paused, blocked, keysPaused, finished];
+  const durations = {
+    attemptSeconds: meter.createObservableGauge('outlive.recent.attempt_duration', { description: 'Quantiles of the last attempt\'s duration of tasks that succeeded or failed within the window.', unit: 's' }),
+    startLatencySeconds: meter.createObservableGauge('outlive.recent.start_latency', { description: 'Quantiles of the time from due to started of the same tasks.', unit: 's' }),
+    signalToResumeSeconds: meter.createObservableGauge('outlive.recent.signal_to_resume', { description: 'Quantiles of the time from a wait\'s end by its signal to the start of the step after it.', unit: 's' }),
+  } as const;
+  const observables: Observable[] = [depth, lag, paused, blocked, keysPaused, finished, ...Object.values(durations)];
 
   let last: { at: number; snapshot: Promise<MetricsSnapshot> } | null = null;
   const read = (): Promise<MetricsSnapshot> => {
@@ -74,6 +79,12 @@ export function observeQueues(meter: Meter, db: Database, options: ObserveQueues
       result.observe(blocked, q.blockedOnLimits, { queue: q.queue });
     }
     result.observe(keysPaused, s.keysPaused);
+    for (const [field, gauge] of Object.entries(durations) as [keyof typeof durations, Observable][]) {
+      for (const q of QUANTILES) {
+        const v = s[field][q];
+        if (v !== null) result.observe(gauge, v, { quantile: q });
+      }
+    }
   };
   meter.addBatchObservableCallback(callback, observables);
   return { stop: () => meter.removeBatchObservableCallback(callback, observables) };
