@@ -7,7 +7,10 @@ const SOURCE = 'outlive-source';
 
 export default defineConfig({
   resolve: { conditions: [SOURCE, ...defaultClientConditions] },
-  ssr: { resolve: { conditions: [SOURCE, ...defaultServerConditions], externalConditions: [SOURCE] } },
+  // Vitest hands these conditions to Node for the packages it does not
+  // transform; `module` (a bundler's condition) would give Node builds it
+  // cannot load, such as @opentelemetry/api's ESM with extensionless imports.
+  ssr: { resolve: { conditions: [SOURCE, ...defaultServerConditions.filter((c) => c !== 'module')], externalConditions: [SOURCE] } },
   test: {
     include: ['test/**/*.test.ts'],
     globalSetup: ['test/support/global-setup.ts'],

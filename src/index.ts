@@ -72,6 +72,9 @@ export { retryRun, retryTask } from './admin/retry.js';
 export type { RetryReport } from './admin/retry.js';
 export { explainRun } from './admin/explain.js';
 export type { ExplainedRun, ExplainedTask } from './admin/explain.js';
+export { metricsSnapshot } from './admin/metrics.js';
+export type { MetricsSnapshot, MetricsOptions, QueueMetrics, DepthState, FinishedState, Quantiles } from './admin/metrics.js';
+export { prometheusText, PROMETHEUS_CONTENT_TYPE } from './admin/prometheus.js';
 
 // Waking a drain endpoint right after enqueue.
 export { nudge, signNudge, verifyNudge, checkSecret, SIGNATURE_HEADER, DEFAULT_TOLERANCE_MS, MIN_SECRET_LENGTH } from './http/nudge.js';

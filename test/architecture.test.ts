@@ -12,7 +12,7 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const src = path.join(root, 'src');
 
 /** The layers, lowest first. */
-const LAYERS = ['model', 'db', 'write', 'pass', 'maintenance', 'admin', 'http', 'node'] as const;
+const LAYERS = ['model', 'db', 'write', 'pass', 'maintenance', 'admin', 'otel', 'http', 'node'] as const;
 
 function files(dir: string): string[] {
   return readdirSync(dir, { withFileTypes: true }).flatMap((e) => (e.isDirectory() ? files(path.join(dir, e.name)) : e.name.endsWith('.ts') ? [path.join(dir, e.name)] : []));

@@ -41,6 +41,12 @@ describe('the Vercel dashboard route', () => {
     expect(retried.headers.get('location')).toBe(`/api/dashboard/tasks/${t.id}?flash=task-retried`);
     expect(await db.rows(`SELECT state::text FROM outlive.tasks WHERE id = $1`, [t.id])).toEqual([{ state: 'pending' }]);
 
+    // Prometheus's scrape, over Neon's driver: the snapshot's transaction and its reads work for the app's role.
+    const metrics = await route(at('/metrics', { headers: bearer }));
+    expect(metrics.status).toBe(200);
+    expect(await metrics.text()).toMatch(/^outlive_queue_depth\{queue="default",state="ready"\} 1$/m);
+    expect((await route(at('/metrics'))).status).toBe(401);
+
     const off = createDashboardRoute(() => tasks, { env: { ...env, OUTLIVE_DASHBOARD_TOKEN: '' } });
     const disabled = await off(at('/', { headers: bearer }));
     expect(disabled.status).toBe(401);

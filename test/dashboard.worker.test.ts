@@ -43,6 +43,11 @@ describe('the Worker serves the dashboard', () => {
     const runPage = await (await worker.fetch(`/dashboard/runs/${run.id}`, { headers: { authorization: `Bearer ${TOKEN}` } })).text();
     expect(runPage).toMatch(/data-state="pending" data-step="b"/);
     expect(runPage).toContain('waiting for &quot;a&quot; to succeed');
+    const metrics = await worker.fetch('/dashboard/metrics', { headers: { authorization: `Bearer ${TOKEN}` } });
+    expect(metrics.status).toBe(200);
+    expect(metrics.headers.get('content-type')).toBe('text/plain; version=0.0.4; charset=utf-8');
+    expect(await metrics.text()).toContain('outlive_queue_depth{queue="default",state="ready"} 1\n');
+    expect((await worker.fetch('/dashboard/metrics')).status).toBe(401);
     // The drain route is still there, and nothing else.
     expect((await worker.fetch('/elsewhere')).status).toBe(404);
     expect(worker.output()).not.toContain(TOKEN);

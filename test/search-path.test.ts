@@ -24,6 +24,7 @@ import {
 import { createWorker } from '../src/node/index.js';
 import { finishedPerMinute, getTask, listFailures, listRuns, listSchedules, listTasks, runEdges, status } from '../src/admin/queries.js';
 import { handleDashboard } from '../src/http/dashboard/index.js';
+import { metricsSnapshot } from '../src/admin/metrics.js';
 import { useNonce } from '../src/http/nudge.js';
 import { toExecutor } from '../src/db/executor.js';
 import { main } from '../src/node/cli.js';
@@ -295,6 +296,11 @@ describe('a role that can create objects on the search path', () => {
         expect(await runEdges(pool, runs.good!)).toHaveLength(3);
         expect((await finishedPerMinute(pool, 5)).reduce((s, m) => s + m.succeeded, 0)).toBeGreaterThan(0);
         await listSchedules(pool);
+      }],
+      ['the metrics', async () => {
+        const m = await metricsSnapshot(pool);
+        expect(m.queues.find((q) => q.queue === 'default')?.finished.succeeded).toBeGreaterThan(0);
+        expect(m.attemptSeconds[0.5]).not.toBeNull();
       }],
       ['the dashboard', async () => {
         const token = 'sp-dashboard-token-of-some-length';

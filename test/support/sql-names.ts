@@ -19,11 +19,12 @@ export interface Finding {
 
 // Words that may stand before `(` without being a function call: SQL's own
 // constructs (coalesce, greatest, least, EXISTS, ANY, ARRAY(...), EXTRACT,
-// which Postgres turns into pg_catalog.extract) and clause keywords.
+// which Postgres turns into pg_catalog.extract, WITHIN GROUP (ORDER BY ...))
+// and clause keywords.
 const NOT_CALLS = new Set([
   'coalesce', 'greatest', 'least', 'exists', 'any', 'all', 'array', 'extract', 'values', 'filter', 'over', 'from', 'where',
   'and', 'or', 'not', 'on', 'select', 'join', 'lateral', 'conflict', 'when', 'then', 'else', 'as', 'using', 'by', 'into', 'returning',
-  'set', 'with', 'union', 'recursive', 'limit', 'is', 'null', 'distinct', 'end', 'case', 'offset', 'rows',
+  'set', 'with', 'union', 'recursive', 'limit', 'is', 'null', 'distinct', 'end', 'case', 'offset', 'rows', 'group',
 ]);
 // Constructs that resolve an operator through the path, and cannot name one.
 const BANNED = new Set(['in', 'between', 'nullif', 'like', 'ilike', 'similar']);

@@ -8,7 +8,8 @@
  * `POST /runs/:id/cancel`, `POST /limits/pause` and `/limits/resume` (form
  * field `key`; `for` in ms and `reason` to pause), `POST /queues/pause` and
  * `/queues/resume` (`queue`; `reason` to pause). Without the token every
- * route answers 401 and shows nothing.
+ * route answers 401 and shows nothing. `/metrics` serves Prometheus text
+ * (`./metrics.ts`) behind the same token.
  */
 import { MIN_SECRET_LENGTHS } from '../../model/checks.js';
 import { cancelRun } from '../../admin/cancel.js';
@@ -19,6 +20,7 @@ import { secretsEqual } from '../nudge.js';
 import { retryRun, retryTask } from '../../admin/retry.js';
 import { FlowControlError, pauseKey, pauseQueue, resumeKey, resumeQueue } from '../../admin/flow.js';
 import { credentialOf, csrfValue, sameSiteForm, sessionCookie } from './auth.js';
+import { metricsResponse } from './metrics.js';
 import { limitsPage, messagePage, overviewPage, runPage, taskPage, type PageContext } from './pages.js';
 import { finishedPerMinute, getTask, listFailures, listKeys, listRuns, listSchedules, pausedQueues, runEdges, status } from '../../admin/queries.js';
 
@@ -114,6 +116,7 @@ export async function handleDashboard(request: Request, db: Database, options: D
   try {
     if (request.method === 'POST') return await act(request, db, path, basePath, token, credential);
     if (request.method !== 'GET' && request.method !== 'HEAD') return page(405, messagePage('Method not allowed', 'Use GET or POST.'), { allow: 'GET, HEAD, POST' });
+    if (path === '/metrics') return await metricsResponse(db);
     const ctx: PageContext = {
       basePath,
       csrf: await csrfValue(token),
