@@ -121,7 +121,7 @@ export type RunTimeline =
 
 const SPAN_SQL = `
 SELECT pg_catalog.min(t.started_at) AS lo,
-       GREATEST(pg_catalog.max(t.started_at), pg_catalog.max(t.finished_at)) AS hi,
+       GREATEST(pg_catalog.max(t.started_at), pg_catalog.max(t.finished_at) FILTER (WHERE t.started_at IS NOT NULL)) AS hi,
        pg_catalog.count(t.started_at)::int AS n,
        coalesce($2::timestamptz, pg_catalog.now()) AS now
 FROM outlive.tasks t WHERE t.run_id OPERATOR(pg_catalog.=) $1`;
