@@ -38,18 +38,18 @@ export interface RunGroups {
   now: Date;
 }
 
-// The group of a step, in SQL and in words: up to its first ':', else without
-// its trailing digits, else its whole name.
-const GROUP_OF = `CASE WHEN pg_catalog.strpos(t.step, ':') OPERATOR(pg_catalog.>) 0 THEN pg_catalog.left(t.step, pg_catalog.strpos(t.step, ':'))
-  WHEN t.step OPERATOR(pg_catalog.~) '[^0-9][0-9]+$' THEN pg_catalog.regexp_replace(t.step, '[0-9]+$', '')
-  ELSE coalesce(t.step, t.name) END`;
-
+// The group of a step: its name up to its first ':', else without its
+// trailing digits, else its whole name; one regular expression per row at most.
 const GROUPS_SQL = `
-SELECT ${GROUP_OF} AS search,
-       (${GROUP_OF}) OPERATOR(pg_catalog.<>) coalesce(t.step, t.name) AS partial,
-       t.state::text, pg_catalog.count(*)::int AS n,
-       pg_catalog.min(t.id) FILTER (WHERE t.state OPERATOR(pg_catalog.=) 'failed')::text AS first_failed
-FROM outlive.tasks t WHERE t.run_id OPERATOR(pg_catalog.=) $1
+SELECT g.search, g.search OPERATOR(pg_catalog.<>) g.whole AS partial, g.state::text, pg_catalog.count(*)::int AS n,
+       pg_catalog.min(g.id) FILTER (WHERE g.state OPERATOR(pg_catalog.=) 'failed')::text AS first_failed
+FROM (
+  SELECT t.id, t.state, w.whole,
+         CASE WHEN pg_catalog.strpos(w.whole, ':') OPERATOR(pg_catalog.>) 0 THEN pg_catalog.left(w.whole, pg_catalog.strpos(w.whole, ':'))
+              ELSE pg_catalog.regexp_replace(w.whole, '([^0-9])[0-9]+$', '\\1') END AS search
+  FROM outlive.tasks t CROSS JOIN LATERAL (SELECT coalesce(t.step, t.name) AS whole) w
+  WHERE t.run_id OPERATOR(pg_catalog.=) $1
+) g
 GROUP BY 1, 2, 3`;
 
 const RUN_SQL = `

@@ -147,7 +147,10 @@ export async function handleDashboard(request: Request, db: Database, options: D
       ]);
       ctx.now = s.now;
       const data = { status: s, throughput, runs, failures, schedules };
-      return fresh(request, { ...data, status: { ...s, now: undefined }, flash: ctx.flash, refresh: ctx.refreshSeconds }, () => overviewPage(ctx, data));
+      // The oldest ready task by when it became due (to the second), not its age: an age changes with every request.
+      const due = s.oldestReadyMs === null ? null : Math.round((s.now.getTime() - s.oldestReadyMs) / 1000);
+      const key = { ...data, status: { ...s, now: undefined, oldestReadyMs: due }, flash: ctx.flash, refresh: ctx.refreshSeconds };
+      return fresh(request, key, () => overviewPage(ctx, data));
     }
     let m = new RegExp(`^/runs/${ID}$`).exec(path);
     if (m) return await runRoute(request, db, ctx, m[1]!, url.searchParams);
