@@ -7,7 +7,7 @@
  * action counts first, then changes by guarded statements.
  */
 import { describe, expect, it } from 'vitest';
-import { enqueue, tick } from '../src/index.js';
+import { enqueue, retryRun, tick } from '../src/index.js';
 import { handleDashboard } from '../src/http/dashboard/index.js';
 import { browseTasks } from '../src/admin/browse.js';
 import { countBulk, runBulk } from '../src/admin/bulk.js';
@@ -98,6 +98,15 @@ describe('a run page at scale', () => {
     const changed = await get(`/runs/${run}`, { 'if-none-match': etag });
     expect(changed.res.status).toBe(200);
     expect(changed.res.headers.get('etag')).not.toBe(etag);
+
+    // A finished run is known by its row: a retry reopens it, and the page changes.
+    const done = await insertRun(db.pool, 100, 'fan-in');
+    const before = (await get(`/runs/${done}`)).res.headers.get('etag')!;
+    expect((await get(`/runs/${done}`, { 'if-none-match': before })).res.status).toBe(304);
+    expect((await retryRun(db.pool, done)).retried).toBe(true);
+    const reopened = await get(`/runs/${done}`, { 'if-none-match': before });
+    expect(reopened.res.status).toBe(200);
+    expect(reopened.body).toMatch(/Run #\d+: fan-in of 100 <span class="badge state-running"/);
   });
 });
 

@@ -60,6 +60,15 @@ function zeroes(): Record<TaskState, number> {
   return Object.fromEntries(TASK_STATES.map((s) => [s, 0])) as Record<TaskState, number>;
 }
 
+/** What changes in a run's row when its tasks can change after it finished (a retry reopens it); null if there is no such run. */
+export async function runVersion(db: Database, runId: string): Promise<{ state: RunState; updatedAt: Date; unfinished: number } | null> {
+  const [row] = await toExecutor(toPool(db)).query<{ state: RunState; updated_at: Date; unfinished: number }>(
+    `SELECT state::text, updated_at, unfinished FROM outlive.runs WHERE id OPERATOR(pg_catalog.=) $1`,
+    [runId],
+  );
+  return row ? { state: row.state, updatedAt: row.updated_at, unfinished: row.unfinished } : null;
+}
+
 /** A run with its steps grouped by name (the largest `limit` groups); null if there is no such run. */
 export async function runGroups(db: Database, runId: string, options: { limit?: number; now?: Date } = {}): Promise<RunGroups | null> {
   const exec = toExecutor(toPool(db));

@@ -19,7 +19,7 @@ import { cancelRun } from '../../admin/cancel.js';
 import { toError } from '../../model/errors.js';
 import { toPool, type Database } from '../../db/executor.js';
 import { explainRun, explainSteps } from '../../admin/explain.js';
-import { runGroups, runTimeline } from '../../admin/run-view.js';
+import { runGroups, runTimeline, runVersion } from '../../admin/run-view.js';
 import { secretsEqual } from '../nudge.js';
 import { retryRun, retryTask } from '../../admin/retry.js';
 import { FlowControlError, pauseKey, pauseQueue, resumeKey, resumeQueue } from '../../admin/flow.js';
@@ -178,7 +178,7 @@ export async function handleDashboard(request: Request, db: Database, options: D
  * browser holds that page already (its ETag, a hash of `data`), so an
  * auto-refresh of an unchanged page sends no body and renders nothing.
  */
-async function fresh(request: Request, data: unknown, render: () => string): Promise<Response> {
+async function fresh(request: Request, data: unknown, render: () => string | Promise<string>): Promise<Response> {
   const digest = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(JSON.stringify(data)));
   const etag = `W/"${[...new Uint8Array(digest, 0, 12)].map((b) => b.toString(16).padStart(2, '0')).join('')}"`;
   // Kept by the browser but asked about each time; private: never by a shared cache.
@@ -187,7 +187,7 @@ async function fresh(request: Request, data: unknown, render: () => string): Pro
   if (held !== null && held.split(',').some((t) => t.trim() === etag)) {
     return new Response(null, { status: 304, headers: { ...SECURITY_HEADERS, ...headers } });
   }
-  return page(200, render(), headers);
+  return page(200, await render(), headers);
 }
 
 /** Steps a run page lists at once. */
@@ -195,20 +195,30 @@ const STEPS_PER_PAGE = 100;
 
 async function runRoute(request: Request, db: Database, ctx: PageContext, id: string, params: URLSearchParams): Promise<Response> {
   const search = { prefix: (params.get('step') ?? '').slice(0, 500), after: (params.get('after') ?? '').slice(0, 500) };
-  const [run, timeline, steps] = await Promise.all([
-    runGroups(db, id),
-    runTimeline(db, id),
-    explainSteps(db, id, { after: search.after, prefix: search.prefix, limit: STEPS_PER_PAGE }),
-  ]);
-  if (!run) return page(404, messagePage('Not found', `There is no run ${id}.`));
-  ctx.now = run.now;
-  let graph = null;
-  if (run.total <= GRAPH_MAX_TASKS) {
-    const [all, edges] = await Promise.all([explainRun(db, id, { now: run.now }), runEdges(db, id)]);
-    if (all) graph = layoutRun(all.tasks, edges);
-  }
-  const data = { run: { ...run, now: undefined }, timeline, steps, search, graph, flash: ctx.flash, refresh: ctx.refreshSeconds };
-  return fresh(request, data, () => runPage(ctx, { run, timeline, steps, search, graph }));
+  const version = await runVersion(db, id);
+  if (!version) return page(404, messagePage('Not found', `There is no run ${id}.`));
+  const render = async () => {
+    const [run, timeline, steps] = await Promise.all([
+      runGroups(db, id),
+      runTimeline(db, id),
+      explainSteps(db, id, { after: search.after, prefix: search.prefix, limit: STEPS_PER_PAGE }),
+    ]);
+    if (!run) return null;
+    ctx.now = run.now;
+    let graph = null;
+    if (run.total <= GRAPH_MAX_TASKS) {
+      const [all, edges] = await Promise.all([explainRun(db, id, { now: run.now }), runEdges(db, id)]);
+      if (all) graph = layoutRun(all.tasks, edges);
+    }
+    return { data: { run: { ...run, now: undefined }, timeline, steps, search, graph }, body: runPage(ctx, { run, timeline, steps, search, graph }) };
+  };
+  const shown = { search, flash: ctx.flash, refresh: ctx.refreshSeconds };
+  // A finished run's rows change only with its row (a retry reopens it), so its
+  // page is known by that row, before the aggregates over its steps are read.
+  if (version.state !== 'running') return fresh(request, { id, version, ...shown }, async () => (await render())?.body ?? messagePage('Not found', `There is no run ${id}.`));
+  const r = await render();
+  if (!r) return page(404, messagePage('Not found', `There is no run ${id}.`));
+  return fresh(request, { ...r.data, ...shown }, () => r.body);
 }
 
 /** Tasks and runs a list page shows at once. */
