@@ -64,6 +64,9 @@ describe('a run page at scale', () => {
     expect(pages.counts.succeeded).toBe(9_989);
     expect(pages.firstError).toMatchObject({ step: 'page:1', error: 'Error: page 1 answered 500' });
     expect(run.groups.find((g) => g.prefix === 'finish')).toMatchObject({ total: 1, counts: expect.objectContaining({ skipped: 1 }) });
+    // Without a ':', the trailing number is what varies.
+    const chain = (await runGroups(db.pool, await insertRun(db.pool, 50, 'chain')))!;
+    expect(chain.groups).toEqual([expect.objectContaining({ prefix: 'step-*', search: 'step-', total: 50, firstError: null })]);
 
     // Pages follow each other by step name, without repeats.
     const first = await explainSteps(db.pool, id, { limit: 100 });

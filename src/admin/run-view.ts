@@ -39,14 +39,15 @@ export interface RunGroups {
 }
 
 // The group of a step: its name up to its first ':', else without its
-// trailing digits, else its whole name; one regular expression per row at most.
+// trailing digits, else its whole name. No regular expression: one cost
+// 4 µs a row (0.4 s for 100,000 steps on the measuring machine), rtrim a tenth of that.
 const GROUPS_SQL = `
 SELECT g.search, g.search OPERATOR(pg_catalog.<>) g.whole AS partial, g.state::text, pg_catalog.count(*)::int AS n,
        pg_catalog.min(g.id) FILTER (WHERE g.state OPERATOR(pg_catalog.=) 'failed')::text AS first_failed
 FROM (
   SELECT t.id, t.state, w.whole,
          CASE WHEN pg_catalog.strpos(w.whole, ':') OPERATOR(pg_catalog.>) 0 THEN pg_catalog.left(w.whole, pg_catalog.strpos(w.whole, ':'))
-              ELSE pg_catalog.regexp_replace(w.whole, '([^0-9])[0-9]+$', '\\1') END AS search
+              ELSE coalesce(NULLIF(pg_catalog.rtrim(w.whole, '0123456789'), ''), w.whole) END AS search
   FROM outlive.tasks t CROSS JOIN LATERAL (SELECT coalesce(t.step, t.name) AS whole) w
   WHERE t.run_id OPERATOR(pg_catalog.=) $1
 ) g
@@ -135,18 +136,18 @@ SELECT pg_catalog.min(t.started_at) AS lo,
        coalesce($2::timestamptz, pg_catalog.now()) AS now
 FROM outlive.tasks t WHERE t.run_id OPERATOR(pg_catalog.=) $1`;
 
-// Each step counted twice at most: once in the bucket it started in, once in
-// the bucket it finished in (by how it finished).
+// Each step counted twice at most, in one read of the run's rows: once in
+// the bucket it started in, once in the bucket it finished in (by how).
 const BUCKETS_SQL = `
-WITH e AS (
-  SELECT pg_catalog.width_bucket(extract(epoch FROM t.started_at)::float8, $2::float8, $3::float8, $4::int) AS b, 'started' AS what
-  FROM outlive.tasks t WHERE t.run_id OPERATOR(pg_catalog.=) $1 AND t.started_at IS NOT NULL
-  UNION ALL
-  SELECT pg_catalog.width_bucket(extract(epoch FROM t.finished_at)::float8, $2::float8, $3::float8, $4::int),
-         CASE WHEN t.state OPERATOR(pg_catalog.=) ANY (ARRAY['succeeded', 'failed']::outlive.task_state[]) THEN t.state::text ELSE 'other' END
-  FROM outlive.tasks t WHERE t.run_id OPERATOR(pg_catalog.=) $1 AND t.finished_at IS NOT NULL AND t.started_at IS NOT NULL
-)
-SELECT LEAST(GREATEST(e.b, 1), $4::int) AS b, e.what, pg_catalog.count(*)::int AS n FROM e GROUP BY 1, 2`;
+SELECT LEAST(GREATEST(e.b, 1), $4::int) AS b, e.what, pg_catalog.count(*)::int AS n
+FROM outlive.tasks t
+CROSS JOIN LATERAL (VALUES
+  (pg_catalog.width_bucket(extract(epoch FROM t.started_at)::float8, $2::float8, $3::float8, $4::int), 'started'),
+  (pg_catalog.width_bucket(extract(epoch FROM t.finished_at)::float8, $2::float8, $3::float8, $4::int),
+   CASE WHEN t.state OPERATOR(pg_catalog.=) ANY (ARRAY['succeeded', 'failed']::outlive.task_state[]) THEN t.state::text ELSE 'other' END)
+) AS e(b, what)
+WHERE t.run_id OPERATOR(pg_catalog.=) $1 AND t.started_at IS NOT NULL AND e.b IS NOT NULL
+GROUP BY 1, 2`;
 
 /** Steps shown one bar each at most; a run with more is shown in buckets. */
 export const TIMELINE_STEPS = 60;
