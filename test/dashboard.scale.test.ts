@@ -174,4 +174,24 @@ describe('lists, counts and bulk actions at scale', () => {
     expect(await cancelTasks(db.pool, [waiting.id])).toEqual({ pending: 0, running: 0 });
     expect(await db.rows(`SELECT state::text FROM outlive.tasks WHERE id = $1`, [waiting.id])).toEqual([{ state: 'succeeded' }]);
   });
+
+  it('cancels by filter through the POST a confirmation page sends, pending and running tasks outside runs only', async () => {
+    const plain = [await enqueue(db.pool, greet, { name: 'c1' }, { queue: 'to-cancel' }), await enqueue(db.pool, greet, { name: 'c2' }, { queue: 'to-cancel' })];
+    await db.rows(`UPDATE outlive.tasks SET state = 'running', attempts = 1, lease_owner = 'gone', lease_expires_at = now() + interval '1 min' WHERE id = $1`, [plain[1]!.id]);
+    const run = await insertRun(db.pool, 10, 'chain');
+    await db.rows(`UPDATE outlive.tasks SET queue = 'to-cancel' WHERE run_id = $1`, [run]);
+    expect((await get('/bulk?action=cancel&queue=to-cancel')).body).toContain('data-count="2"');
+    const res = await handleDashboard(
+      new Request('http://dash.test/dashboard/bulk', { method: 'POST', headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/x-www-form-urlencoded' }, body: 'action=cancel&queue=to-cancel' }),
+      db.pool,
+      { token: TOKEN },
+    );
+    expect(res.status).toBe(303);
+    expect(res.headers.get('location')).toMatch(/\/dashboard\/tasks\?queue=to-cancel&flash=bulk-cancel&changed=2&/);
+    expect(await db.rows(`SELECT state::text FROM outlive.tasks WHERE id = ANY ($1::bigint[]) ORDER BY id`, [plain.map((t) => t.id)])).toEqual([{ state: 'cancelled' }, { state: 'cancelled' }]);
+    // The run's steps are left to the run's own cancel.
+    expect(await db.rows(`SELECT pg_catalog.count(*)::int AS n FROM outlive.tasks WHERE run_id = $1 AND state = 'cancelled'`, [run])).toEqual([{ n: 0 }]);
+    const flash = await get(`/tasks?queue=to-cancel&flash=bulk-cancel&changed=2&runs=0&skipped=0&refresh=0`);
+    expect(flash.body).toContain('Cancelled 2 tasks.');
+  });
 });
