@@ -48,7 +48,8 @@ SELECT g.search, g.search OPERATOR(pg_catalog.<>) g.whole AS partial, g.state::t
 FROM (
   SELECT t.id, t.state, w.whole,
          CASE WHEN pg_catalog.strpos(w.whole, ':') OPERATOR(pg_catalog.>) 0 THEN pg_catalog.left(w.whole, pg_catalog.strpos(w.whole, ':'))
-              ELSE coalesce(NULLIF(pg_catalog.rtrim(w.whole, '0123456789'), ''), w.whole) END AS search
+              WHEN pg_catalog.rtrim(w.whole, '0123456789') OPERATOR(pg_catalog.=) '' THEN w.whole
+              ELSE pg_catalog.rtrim(w.whole, '0123456789') END AS search
   FROM outlive.tasks t CROSS JOIN LATERAL (SELECT coalesce(t.step, t.name) AS whole) w
   WHERE t.run_id OPERATOR(pg_catalog.=) $1
 ) g

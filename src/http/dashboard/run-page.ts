@@ -52,7 +52,8 @@ export function runPage(ctx: PageContext, data: RunPageData): string {
   const done = run.total - run.counts.pending - run.counts.running;
   const query = (params: Record<string, string>) => {
     const q = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== ''));
-    return `${ctx.basePath}/runs/${run.id}${q.size ? `?${q}` : ''}`;
+    const qs = String(q);
+    return `${ctx.basePath}/runs/${run.id}${qs ? `?${qs}` : ''}`;
   };
   const body = html`<h1>Run #${run.id}: ${run.name} ${badge(run.state)}</h1>
 <p>${progress(done, run.total)} · ${TASK_STATES.filter((st) => run.counts[st]).map((st) => html`${badge(st)} ${n(run.counts[st])} `)}
