@@ -149,8 +149,7 @@ export async function handleDashboard(request: Request, db: Database, options: D
       const data = { status: s, throughput, runs, failures, schedules };
       // The oldest ready task by when it became due (to the second), not its age: an age changes with every request.
       const due = s.oldestReadyMs === null ? null : Math.round((s.now.getTime() - s.oldestReadyMs) / 1000);
-      const key = { ...data, status: { ...s, now: undefined, oldestReadyMs: due }, flash: ctx.flash, refresh: ctx.refreshSeconds };
-      return fresh(request, key, () => overviewPage(ctx, data));
+      return fresh(request, ctx, { ...data, status: { ...s, now: undefined, oldestReadyMs: due } }, () => overviewPage(ctx, data));
     }
     let m = new RegExp(`^/runs/${ID}$`).exec(path);
     if (m) return await runRoute(request, db, ctx, m[1]!, url.searchParams);
@@ -174,12 +173,14 @@ export async function handleDashboard(request: Request, db: Database, options: D
 }
 
 /**
- * Answers a page whose content follows from `data` alone: 304 when the
- * browser holds that page already (its ETag, a hash of `data`), so an
- * auto-refresh of an unchanged page sends no body and renders nothing.
+ * Answers a page whose content follows from `data` and the page's context:
+ * 304 when the browser holds that page already (its ETag, a hash of both;
+ * the CSRF value in it, so a page whose forms would be refused is never
+ * kept), so an auto-refresh of an unchanged page sends no body and renders nothing.
  */
-async function fresh(request: Request, data: unknown, render: () => string | Promise<string>): Promise<Response> {
-  const digest = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(JSON.stringify(data)));
+async function fresh(request: Request, ctx: PageContext, data: unknown, render: () => string | Promise<string>): Promise<Response> {
+  const shown = { data, csrf: ctx.csrf, flash: ctx.flash, refresh: ctx.refreshSeconds };
+  const digest = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(JSON.stringify(shown)));
   const etag = `W/"${[...new Uint8Array(digest, 0, 12)].map((b) => b.toString(16).padStart(2, '0')).join('')}"`;
   // Kept by the browser but asked about each time; private: never by a shared cache.
   const headers = { etag, 'cache-control': 'private, no-cache' };
@@ -210,15 +211,16 @@ async function runRoute(request: Request, db: Database, ctx: PageContext, id: st
       const [all, edges] = await Promise.all([explainRun(db, id, { now: run.now }), runEdges(db, id)]);
       if (all) graph = layoutRun(all.tasks, edges);
     }
-    return { data: { run: { ...run, now: undefined }, timeline, steps, search, graph }, body: runPage(ctx, { run, timeline, steps, search, graph }) };
+    return { data: { run: { ...run, now: undefined }, timeline, steps, search, graph }, body: () => runPage(ctx, { run, timeline, steps, search, graph }) };
   };
-  const shown = { search, flash: ctx.flash, refresh: ctx.refreshSeconds };
   // A finished run's rows change only with its row (a retry reopens it), so its
   // page is known by that row, before the aggregates over its steps are read.
-  if (version.state !== 'running') return fresh(request, { id, version, ...shown }, async () => (await render())?.body ?? messagePage('Not found', `There is no run ${id}.`));
+  if (version.state !== 'running') {
+    return fresh(request, ctx, { id, version, search }, async () => (await render())?.body() ?? messagePage('Not found', `There is no run ${id}.`));
+  }
   const r = await render();
   if (!r) return page(404, messagePage('Not found', `There is no run ${id}.`));
-  return fresh(request, { ...r.data, ...shown }, () => r.body);
+  return fresh(request, ctx, r.data, r.body);
 }
 
 /** Tasks and runs a list page shows at once. */
@@ -238,14 +240,14 @@ async function listRoute(request: Request, db: Database, ctx: PageContext, path:
     const runs = await listRuns(db, { ...filter, before: before || null, limit: LIST_PAGE + 1 });
     const next = runs.length > LIST_PAGE ? runs[LIST_PAGE - 1]!.id : null;
     runs.length = Math.min(runs.length, LIST_PAGE);
-    return fresh(request, { runs, next, filter, before, flash: ctx.flash, refresh: ctx.refreshSeconds }, () => runsPage(ctx, filter, runs, next, before || null));
+    return fresh(request, ctx, { runs, next, filter, before }, () => runsPage(ctx, filter, runs, next, before || null));
   }
   if (path === '/queues') {
     const [depths, finished, paused, waits, keys] = await Promise.all([
       queueDepths(db), finishedByQueue(db), pausedQueues(db), parkedWaits(db), waitedKeys(db, { limit: 50 }),
     ]);
     const data = { depths, finished, paused, waits, keys };
-    return fresh(request, { data, flash: ctx.flash, refresh: ctx.refreshSeconds }, () => queuesPage(ctx, data));
+    return fresh(request, ctx, data, () => queuesPage(ctx, data));
   }
   const query = taskQueryOf(params);
   if (typeof query === 'string') return badRequest(query);
@@ -256,7 +258,7 @@ async function listRoute(request: Request, db: Database, ctx: PageContext, path:
   }
   const found = await browseTasks(db, query, { before: before || null, limit: LIST_PAGE });
   const data = { ...found, before: before || null, window: LIST_WINDOW };
-  return fresh(request, { data, query, flash: ctx.flash, refresh: ctx.refreshSeconds }, () => tasksPage(ctx, query, data));
+  return fresh(request, ctx, { data, query }, () => tasksPage(ctx, query, data));
 }
 
 async function act(request: Request, db: Database, path: string, basePath: string, token: string, credential: 'bearer' | 'cookie'): Promise<Response> {
