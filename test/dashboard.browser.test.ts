@@ -15,6 +15,7 @@ import { enqueue, setLimit, startRun, step, tick } from '../src/index.js';
 import { handleDashboard } from '../src/http/dashboard/index.js';
 import { serveHandler } from '../scripts/local/http.js';
 import { launchChromium } from './support/browser.js';
+import { insertRun } from '../scripts/local/rows-at-scale.js';
 import { freshDb } from './support/db.js';
 import { explode, fixExplode, greet, tasks } from './fixtures/cli-tasks.js';
 
@@ -169,6 +170,77 @@ describe('the dashboard in Chromium', () => {
     expect(await page.locator('#paused-queues').count()).toBe(0);
     expect(await db.rows(`SELECT paused_until FROM outlive.limits WHERE key = 'openai'`)).toEqual([{ paused_until: null }]);
     expect(await db.rows(`SELECT queue FROM outlive.queue_pauses`)).toEqual([]);
+  });
+
+  it('shows a run of 10,000 steps grouped, with its timeline, and finds a step by name', async () => {
+    const id = await insertRun(db.pool, 10_000, 'fan-in');
+    await page.goto(`${base}/runs/${id}?refresh=0`);
+    const group = page.locator('#step-groups tr[data-prefix="page:*"]');
+    expect(await group.locator('td.total').innerText()).toBe('9,999');
+    expect(await group.locator('td.states').innerText()).toMatch(/9,989\s+succeeded\s+10\s+failed/);
+    expect(await group.locator('td.err').innerText()).toBe('page:1: Error: page 1 answered 500');
+    expect(await page.locator('svg#timeline g.bucket').count()).toBe(60);
+    expect(await page.locator('svg.graph').count()).toBe(0);
+    expect(await page.locator('#run-tasks tbody tr').count()).toBe(100);
+    await page.screenshot({ path: path.join(shots, 'run-large.png'), fullPage: true });
+
+    await page.locator('form.step-search input[name="step"]').fill('page:9010');
+    await Promise.all([page.waitForURL(/step=page%3A9010/), page.locator('form.step-search button').click()]);
+    expect(await page.locator('#run-tasks tbody tr').count()).toBe(1);
+    expect(await page.locator('#run-tasks tr[data-state="failed"]').innerText()).toContain('page 9010 answered 500');
+
+    // A small run draws one bar per step that started.
+    const small = await startRun(db.pool, 'two steps', { a: step(greet, { name: 'a' }), b: step(greet, { name: 'b' }, { after: ['a'] }) });
+    await tick(db.pool, { tasks });
+    await tick(db.pool, { tasks });
+    await page.goto(`${base}/runs/${small.id}?refresh=0`);
+    expect(await page.locator('svg#timeline g.span').count()).toBe(2);
+    expect(await page.locator('svg#timeline g.span[data-step="b"]').getAttribute('data-state')).toBe('succeeded');
+  });
+
+  it('revalidates on auto-refresh: an unchanged page comes back as 304, with no body', async () => {
+    const statuses: number[] = [];
+    const quick = await serveHandler(async (request) => {
+      const res = await handleDashboard(request, db.pool, { token: TOKEN, basePath: '/dashboard', refreshSeconds: 1 });
+      if (new URL(request.url).pathname === '/dashboard/queues') statuses.push(res.status);
+      return res;
+    });
+    try {
+      // The session cookie is the host's, whatever the port (and this Chromium runs in one process: a second context would end it).
+      await page.goto(`${quick.url}/dashboard/queues`);
+      await expect.poll(() => statuses.length, { timeout: 10_000 }).toBeGreaterThanOrEqual(3);
+      expect(statuses[0]).toBe(200);
+      expect(statuses.slice(1)).toContain(304);
+      expect(await page.locator('h1').innerText()).toBe('Queues');
+      await page.goto(`${base}/?refresh=0`);
+    } finally {
+      await quick.close();
+    }
+  });
+
+  it('retries failed tasks by filter, after a page that shows how many', async () => {
+    const failed = [await enqueue(db.pool, greet, { name: 'bulk a' }), await enqueue(db.pool, greet, { name: 'bulk b' })];
+    // Failed as a pass would leave them (explode was fixed by an earlier test).
+    await db.rows(
+      `UPDATE outlive.tasks SET state = 'failed', attempts = 1, finished_at = now(), last_error = 'boom: bulk ' || id WHERE id = ANY ($1::bigint[])`,
+      [failed.map((t) => t.id)],
+    );
+    await page.goto(`${base}/tasks?refresh=0`);
+    await page.locator('#task-filters select[name="state"]').selectOption('failed');
+    await page.locator('#task-filters input[name="q"]').fill('BOOM: BULK');
+    await Promise.all([page.waitForURL(/\/tasks\?state=failed/), page.locator('#task-filters button').click()]);
+    expect(await page.locator('#tasks tbody tr').count()).toBe(2);
+
+    await Promise.all([page.waitForURL(/\/bulk\?/), page.locator('a[data-bulk="retry"]').click()]);
+    expect(await page.locator('#bulk-count').getAttribute('data-count')).toBe('2');
+    expect(await page.locator('#bulk-filter').innerText()).toBe('state = failed, q = BOOM: BULK');
+    // Nothing changed yet.
+    expect(await db.rows(`SELECT DISTINCT state::text FROM outlive.tasks WHERE id = ANY ($1::bigint[])`, [failed.map((t) => t.id)])).toEqual([{ state: 'failed' }]);
+    await page.screenshot({ path: path.join(shots, 'bulk-confirm.png'), fullPage: true });
+
+    await Promise.all([page.waitForURL(/flash=bulk-retry/), page.locator('button[data-action="bulk-retry"]').click()]);
+    expect(await page.locator('.flash').innerText()).toBe('Retried 2 tasks.');
+    expect(await db.rows(`SELECT DISTINCT state::text FROM outlive.tasks WHERE id = ANY ($1::bigint[])`, [failed.map((t) => t.id)])).toEqual([{ state: 'pending' }]);
   });
 
   it('takes a bearer token from scripts, without a CSRF value', async () => {

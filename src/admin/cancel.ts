@@ -1,8 +1,8 @@
 /**
- * Cancel: stop a run. Its pending tasks are cancelled at once; its running
- * tasks are marked cancelled too, so their passes' settles match nothing and
- * they are never retried, and those passes fire the handlers' signals at
- * their next lease check.
+ * Cancel: stop a run, or tasks outside runs. Pending tasks are cancelled at
+ * once; running tasks are marked cancelled too, so their passes' settles
+ * match nothing and they are never retried, and those passes fire the
+ * handlers' signals at their next lease check.
  */
 import { inTransactionRetryingDeadlocks, toPool, type Database } from '../db/executor.js';
 import type { RunState } from '../model/states.js';
@@ -10,10 +10,12 @@ import type { RunState } from '../model/states.js';
 // Tasks first, run last: the same lock order as settles, so a cancel racing a
 // settle of the same run queues behind it instead of deadlocking.
 // Running tasks' slots are given back by this statement (outlive.release_slots).
-const CANCEL_TASKS_SQL = `
+// $1 picks the tasks: a run's (`run`), or tasks outside runs by id (`ids`).
+const cancelTasksSql = (which: 'run' | 'ids') => `
 WITH locked AS (
   SELECT id, state FROM outlive.tasks
-  WHERE run_id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])
+  WHERE ${which === 'run' ? 'run_id OPERATOR(pg_catalog.=) $1' : 'id OPERATOR(pg_catalog.=) ANY ($1::bigint[]) AND run_id IS NULL'}
+    AND state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])
   ORDER BY id FOR UPDATE
 ), cancelled AS (
 UPDATE outlive.tasks t
@@ -30,6 +32,9 @@ RETURNING locked.state::text AS was, t.id::text, t.attempts, t.limits
   FROM cancelled c
 )
 SELECT c.was FROM cancelled c, slots`;
+
+const CANCEL_TASKS_SQL = cancelTasksSql('run');
+const CANCEL_BY_ID_SQL = cancelTasksSql('ids');
 
 const CANCEL_RUN_SQL = `
 UPDATE outlive.runs
@@ -83,3 +88,18 @@ export async function cancelRun(db: Database, runId: string, options: { now?: Da
 }
 
 class RunChangedError extends Error {}
+
+/**
+ * Cancels tasks outside runs that are pending or running, by id, in one
+ * guarded statement: those that finished meanwhile (or belong to a run:
+ * cancel the run) are left as they are. A running task's pass finds it
+ * cancelled at its settle, which then matches nothing, and its slots of
+ * limits are given back here. Returns how many were cancelled.
+ */
+export async function cancelTasks(db: Database, taskIds: readonly string[], options: { now?: Date; reason?: string } = {}): Promise<{ pending: number; running: number }> {
+  if (taskIds.length === 0) return { pending: 0, running: 0 };
+  const rows = await inTransactionRetryingDeadlocks(toPool(db), (tx) =>
+    tx.query<{ was: string }>(CANCEL_BY_ID_SQL, [taskIds, options.now ?? null, options.reason ?? 'cancelled']),
+  );
+  return { pending: rows.filter((r) => r.was === 'pending').length, running: rows.filter((r) => r.was === 'running').length };
+}

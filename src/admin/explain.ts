@@ -56,6 +56,18 @@ SELECT t.id::text, t.step, t.name, t.state::text, t.attempts, t.max_attempts, t.
 FROM outlive.tasks t LEFT JOIN outlive.queue_pauses qp ON qp.queue OPERATOR(pg_catalog.=) t.queue
 WHERE t.run_id OPERATOR(pg_catalog.=) $1 ORDER BY t.id`;
 
+// One page of a run's steps in step order, from the run's (run_id, step)
+// index: those after $2, starting with $3 when given, at most $4. The range
+// on step keeps the index scan in order; starts_with drops what a collation
+// sorts between the prefix's matches.
+const STEPS_SQL = TASKS_SQL.replace(
+  'WHERE t.run_id OPERATOR(pg_catalog.=) $1 ORDER BY t.id',
+  `WHERE t.run_id OPERATOR(pg_catalog.=) $1 AND t.step IS NOT NULL
+   AND t.step OPERATOR(pg_catalog.>) coalesce($2::text, '') AND t.step OPERATOR(pg_catalog.>=) coalesce($3::text, '')
+   AND ($3::text IS NULL OR pg_catalog.starts_with(t.step, $3::text))
+ ORDER BY t.step LIMIT $4`,
+);
+
 function list(names: string[]): string {
   const shown = names.slice(0, 5).map((n) => `"${n}"`).join(', ');
   return names.length > 5 ? `${shown} and ${names.length - 5} more` : shown;
@@ -168,9 +180,8 @@ export async function explainRun(db: Database, runId: string, options: { now?: D
     id: string; name: string; state: RunState; error: string | null; failed_task_id: string | null; created_at: Date; finished_at: Date | null; now: Date;
   }>(RUN_SQL, [runId, options.now ?? null]);
   if (!run) return null;
-  const rows = await exec.query<{ id: string; step: string | null; progress: TaskProgress | null } & WhyFacts & FlowFacts>(TASKS_SQL, [runId]);
-  const known = await readKnownTasks(exec);
-  const held = await heldBack(exec, rows, run.now);
+  const rows = await exec.query<TaskRow>(TASKS_SQL, [runId]);
+  const tasks = await explainRows(exec, rows, run.now);
   const counts: Partial<Record<TaskState, number>> = {};
   for (const r of rows) counts[r.state] = (counts[r.state] ?? 0) + 1;
   return {
@@ -182,18 +193,51 @@ export async function explainRun(db: Database, runId: string, options: { now?: D
     createdAt: run.created_at,
     finishedAt: run.finished_at,
     counts,
-    tasks: rows.map((r, i) => ({
-      id: r.id,
-      step: r.step,
-      name: r.name,
-      state: r.state,
-      attempts: r.attempts,
-      maxAttempts: r.max_attempts,
-      runAt: r.run_at,
-      waitingFor: r.waiting_for,
-      lastError: r.last_error,
-      progress: r.progress,
-      why: why(r, run.now, known, held[i] ?? null),
-    })),
+    tasks,
   };
+}
+
+type TaskRow = { id: string; step: string | null; progress: TaskProgress | null } & WhyFacts & FlowFacts;
+
+async function explainRows(exec: ReturnType<typeof toExecutor>, rows: TaskRow[], now: Date): Promise<ExplainedTask[]> {
+  const known = await readKnownTasks(exec);
+  const held = await heldBack(exec, rows, now);
+  return rows.map((r, i) => ({
+    id: r.id,
+    step: r.step,
+    name: r.name,
+    state: r.state,
+    attempts: r.attempts,
+    maxAttempts: r.max_attempts,
+    runAt: r.run_at,
+    waitingFor: r.waiting_for,
+    lastError: r.last_error,
+    progress: r.progress,
+    why: why(r, now, known, held[i] ?? null),
+  }));
+}
+
+/** One page of a run's steps, explained; `next` is the step to continue after, null on the last page. */
+export interface StepPage {
+  steps: ExplainedTask[];
+  next: string | null;
+}
+
+/**
+ * A page of a run's steps in step order, each with why it is where it is:
+ * those after the step `after`, whose step starts with `prefix` when given.
+ * Reads the page's rows only (by the run's step index), however large the run.
+ */
+export async function explainSteps(
+  db: Database,
+  runId: string,
+  options: { after?: string | null; prefix?: string | null; limit?: number; now?: Date } = {},
+): Promise<StepPage> {
+  const exec = toExecutor(toPool(db));
+  const limit = options.limit ?? 100;
+  const [clock] = await exec.query<{ now: Date }>(`SELECT coalesce($1::timestamptz, pg_catalog.now()) AS now`, [options.now ?? null]);
+  const rows = await exec.query<TaskRow>(STEPS_SQL, [runId, options.after || null, options.prefix || null, limit + 1]);
+  const more = rows.length > limit;
+  if (more) rows.length = limit;
+  return { steps: await explainRows(exec, rows, clock!.now), next: more ? rows.at(-1)!.step : null };
 }

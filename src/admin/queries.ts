@@ -40,16 +40,206 @@ export interface StatusReport {
   waits: { key: string; waiting: number; waitingMore: boolean; wait: KeyWait | null; state: KeyState }[];
   /** Paused queues: no claim takes their tasks. */
   pausedQueues: QueuePause[];
+  /**
+   * With `cap`: the states (of tasks, of runs) whose counts stopped at the
+   * cap, so there are more ("10000+"); the queues' counts of finished states
+   * are not read then (0), nor the ready tasks beyond the cap by name.
+   */
+  more?: { tasks: TaskState[]; runs: RunState[] };
   now: Date;
+}
+
+/** A queue's unfinished tasks, counted from the index of unfinished rows (tasks_unfinished_idx), up to a cap. */
+export interface QueueDepth {
+  queue: string;
+  pending: number;
+  running: number;
+  /** True when a count stopped at the cap. */
+  pendingMore: boolean;
+  runningMore: boolean;
+  /** When its oldest ready task (pending, not waiting for others) became due; null if none is. */
+  oldestReadyAt: Date | null;
+}
+
+// The queues with unfinished tasks (a skip scan of tasks_unfinished_idx: one
+// probe per queue), each with its pending and running rows counted up to $1
+// and the run_at of its oldest ready row; at most $2 queues.
+const DEPTHS_SQL = `
+WITH RECURSIVE q(queue) AS (
+  (SELECT t.queue FROM outlive.tasks t WHERE t.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[]) ORDER BY t.queue LIMIT 1)
+  UNION ALL
+  SELECT (SELECT t.queue FROM outlive.tasks t
+          WHERE t.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[]) AND t.queue OPERATOR(pg_catalog.>) q.queue
+          ORDER BY t.queue LIMIT 1)
+  FROM q WHERE q.queue IS NOT NULL
+)
+SELECT q.queue,
+       (SELECT pg_catalog.count(*)::int FROM (SELECT 1 FROM outlive.tasks t
+          WHERE t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'pending' LIMIT $1) x) AS pending,
+       (SELECT pg_catalog.count(*)::int FROM (SELECT 1 FROM outlive.tasks t
+          WHERE t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'running' LIMIT $1) x) AS running,
+       (SELECT t.run_at FROM outlive.tasks t
+        WHERE t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'pending'
+          AND t.run_at OPERATOR(pg_catalog.<=) coalesce($3::timestamptz, pg_catalog.now()) AND t.waiting_on OPERATOR(pg_catalog.=) 0
+        ORDER BY t.run_at LIMIT 1) AS oldest_ready_at
+FROM q WHERE q.queue IS NOT NULL ORDER BY q.queue LIMIT $2`;
+
+/** Each queue with unfinished tasks: pending and running counted up to `cap`, and when its oldest ready task became due. */
+export async function queueDepths(db: Database, options: { cap?: number; limit?: number; now?: Date } = {}): Promise<QueueDepth[]> {
+  return readQueueDepths(exec(db), options.cap ?? COUNT_CAP, options.limit ?? 100, options.now ?? null);
+}
+
+async function readQueueDepths(q: Executor, cap: number, limit: number, now: Date | null): Promise<QueueDepth[]> {
+  const rows = await q.query<{ queue: string; pending: number; running: number; oldest_ready_at: Date | null }>(DEPTHS_SQL, [cap + 1, limit, now]);
+  return rows.map((r) => ({
+    queue: r.queue,
+    pending: Math.min(r.pending, cap),
+    running: Math.min(r.running, cap),
+    pendingMore: r.pending > cap,
+    runningMore: r.running > cap,
+    oldestReadyAt: r.oldest_ready_at,
+  }));
+}
+
+/**
+ * Tasks finished per queue in the last hour, from tasks_state_finished_idx:
+ * at most `cap` rows read, `more` when there were more.
+ */
+export async function finishedByQueue(db: Database, options: { cap?: number } = {}): Promise<{ queue: string; succeeded: number; failed: number; more: boolean }[]> {
+  const cap = options.cap ?? COUNT_CAP;
+  const rows = await exec(db).query<{ queue: string; succeeded: number; failed: number; seen: number }>(
+    `SELECT r.queue, pg_catalog.count(*) FILTER (WHERE r.state OPERATOR(pg_catalog.=) 'succeeded')::int AS succeeded,
+            pg_catalog.count(*) FILTER (WHERE r.state OPERATOR(pg_catalog.=) 'failed')::int AS failed,
+            pg_catalog.sum(pg_catalog.count(*)) OVER ()::int AS seen
+     FROM (SELECT t.queue, t.state FROM outlive.tasks t
+           WHERE t.state OPERATOR(pg_catalog.=) ANY (ARRAY['succeeded', 'failed']::outlive.task_state[])
+             AND t.finished_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '1 hour') LIMIT $1) r
+     GROUP BY 1 ORDER BY 1`,
+    [cap + 1],
+  );
+  return rows.map((r) => ({ queue: r.queue, succeeded: r.succeeded, failed: r.failed, more: r.seen > cap }));
+}
+
+/** Waits parked for a signal, per queue, from tasks_wait_idx: at most `cap` read. */
+export async function parkedWaits(db: Database, options: { cap?: number } = {}): Promise<{ queue: string; n: number; more: boolean }[]> {
+  const cap = options.cap ?? COUNT_CAP;
+  const rows = await exec(db).query<{ queue: string; n: number; seen: number }>(
+    `SELECT r.queue, pg_catalog.count(*)::int AS n, pg_catalog.sum(pg_catalog.count(*)) OVER ()::int AS seen
+     FROM (SELECT t.queue FROM outlive.tasks t WHERE t.state OPERATOR(pg_catalog.=) 'pending' AND t.wait_key IS NOT NULL LIMIT $1) r
+     GROUP BY 1 ORDER BY 1`,
+    [cap + 1],
+  );
+  return rows.map((r) => ({ queue: r.queue, n: r.n, more: r.seen > cap }));
+}
+
+/** Where the dashboard stops counting: "10000+". */
+export const COUNT_CAP = 10_000;
+
+// Finished tasks by state, each counted up to $1 from tasks_state_finished_idx;
+// runs by state up to $1; failures of the last hour up to $1.
+const BOUNDED_COUNTS_SQL = `
+SELECT 'task' AS of, s.state::text,
+       (SELECT pg_catalog.count(*)::int FROM (SELECT 1 FROM outlive.tasks t
+          WHERE t.state OPERATOR(pg_catalog.=) s.state AND t.finished_at IS NOT NULL LIMIT $1) x) AS n
+FROM pg_catalog.unnest(ARRAY['succeeded', 'failed', 'cancelled', 'skipped']::outlive.task_state[]) AS s(state)
+UNION ALL
+SELECT 'run', s.state::text,
+       (SELECT pg_catalog.count(*)::int FROM (SELECT 1 FROM outlive.runs r WHERE r.state OPERATOR(pg_catalog.=) s.state LIMIT $1) x)
+FROM pg_catalog.unnest(pg_catalog.enum_range(NULL::outlive.run_state)) AS s(state)
+UNION ALL
+SELECT 'failed-hour', NULL,
+       (SELECT pg_catalog.count(*)::int FROM (SELECT 1 FROM outlive.tasks t
+          WHERE t.state OPERATOR(pg_catalog.=) 'failed' AND t.finished_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '1 hour') LIMIT $1) x)`;
+
+/**
+ * {@link status} read from indexes only, whatever the history's size: every
+ * count stops at `cap` (the states that reached it are in `more`), the
+ * queues come from the index of unfinished rows, and their counts of
+ * finished states are left at 0.
+ */
+async function boundedStatus(q: Executor, cap: number): Promise<StatusReport> {
+  const [depths, counts, readyByName, known, waited, paused, [clock]] = await Promise.all([
+    readQueueDepths(q, cap, 1000, null),
+    q.query<{ of: 'task' | 'run' | 'failed-hour'; state: string | null; n: number }>(BOUNDED_COUNTS_SQL, [cap + 1]),
+    q.query<{ name: string; timeout_ms: number; n: number }>(
+      `SELECT r.name, r.timeout_ms, pg_catalog.count(*)::int AS n FROM (
+         SELECT t.name, t.timeout_ms FROM outlive.tasks t
+         WHERE t.state OPERATOR(pg_catalog.=) 'pending' AND t.waiting_on OPERATOR(pg_catalog.=) 0 AND t.run_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+         LIMIT $1) r
+       GROUP BY 1, 2 ORDER BY 1, 2`,
+      [cap],
+    ),
+    readKnownTasks(q),
+    readWaitedKeys(q, { limit: 50 }),
+    readPausedQueues(q),
+    q.query<{ now: Date }>(`SELECT pg_catalog.now() AS now`),
+  ]);
+  const tasks = zeroes(TASK_STATES);
+  const runs = zeroes(RUN_STATES);
+  const more: NonNullable<StatusReport['more']> = { tasks: [], runs: [] };
+  const queues: StatusReport['queues'] = [];
+  let oldest: Date | null = null;
+  for (const d of depths) {
+    queues.push({ queue: d.queue, counts: { ...zeroes(TASK_STATES), pending: d.pending, running: d.running } });
+    tasks.pending += d.pending;
+    tasks.running += d.running;
+    if (d.pendingMore && !more.tasks.includes('pending')) more.tasks.push('pending');
+    if (d.runningMore && !more.tasks.includes('running')) more.tasks.push('running');
+    if (d.oldestReadyAt && (oldest === null || d.oldestReadyAt < oldest)) oldest = d.oldestReadyAt;
+  }
+  let failedLastHour = 0;
+  for (const c of counts) {
+    const n = Math.min(c.n, cap);
+    if (c.of === 'task') {
+      tasks[c.state as TaskState] = n;
+      if (c.n > cap) more.tasks.push(c.state as TaskState);
+    } else if (c.of === 'run') {
+      runs[c.state as RunState] = n;
+      if (c.n > cap) more.runs.push(c.state as RunState);
+    } else failedLastHour = n;
+  }
+  return {
+    tasks,
+    queues,
+    runs,
+    oldestReadyMs: oldest === null ? null : Math.max(0, clock!.now.getTime() - oldest.getTime()),
+    failedLastHour,
+    unrunnable: unrunnableOf(readyByName, known),
+    waits: waited.map((state) => ({ key: state.key, waiting: state.waiting, waitingMore: state.waitingMore, wait: keyWait(state), state })),
+    pausedQueues: paused,
+    more,
+    now: clock!.now,
+  };
+}
+
+// Rows of one name may differ only in their timeouts; those no pass can
+// give are counted together, under the reason given for the longest.
+function unrunnableOf(readyByName: { name: string; timeout_ms: number; n: number }[], known: Awaited<ReturnType<typeof readKnownTasks>>): StatusReport['unrunnable'] {
+  const unrunnable: StatusReport['unrunnable'] = [];
+  for (const r of readyByName) {
+    const why = nobodyRuns(r.name, known, r.timeout_ms);
+    if (!why) continue;
+    const last = unrunnable.at(-1);
+    if (last?.name === r.name) {
+      last.ready += r.n;
+      last.why = why;
+    } else unrunnable.push({ name: r.name, ready: r.n, why });
+  }
+  return unrunnable;
 }
 
 function zeroes<S extends string>(states: readonly S[]): Record<S, number> {
   return Object.fromEntries(states.map((s) => [s, 0])) as Record<S, number>;
 }
 
-/** Counts by state and queue, the oldest ready task's wait, and the last hour's failures. */
-export async function status(db: Database): Promise<StatusReport> {
+/**
+ * Counts by state and queue, the oldest ready task's wait, and the last
+ * hour's failures. Exact, by reading every row; with `cap`, from indexes
+ * only, each count stopping at the cap (see {@link StatusReport.more}).
+ */
+export async function status(db: Database, options: { cap?: number } = {}): Promise<StatusReport> {
   const q = exec(db);
+  if (options.cap !== undefined) return boundedStatus(q, options.cap);
   const [byQueue, runs, [extra], readyByName, known, waited, paused] = await Promise.all([
     q.query<{ queue: string; state: TaskState; n: number }>(
       `SELECT queue, state::text, pg_catalog.count(*)::int AS n FROM outlive.tasks GROUP BY 1, 2 ORDER BY 1, 2`,
@@ -73,18 +263,7 @@ export async function status(db: Database): Promise<StatusReport> {
     readWaitedKeys(q, { limit: 50 }),
     readPausedQueues(q),
   ]);
-  // Rows of one name may differ only in their timeouts; those no pass can
-  // give are counted together, under the reason given for the longest.
-  const unrunnable: StatusReport['unrunnable'] = [];
-  for (const r of readyByName) {
-    const why = nobodyRuns(r.name, known, r.timeout_ms);
-    if (!why) continue;
-    const last = unrunnable.at(-1);
-    if (last?.name === r.name) {
-      last.ready += r.n;
-      last.why = why;
-    } else unrunnable.push({ name: r.name, ready: r.n, why });
-  }
+  const unrunnable = unrunnableOf(readyByName, known);
   const tasks = zeroes(TASK_STATES);
   const queues = new Map<string, Record<TaskState, number>>();
   for (const r of byQueue) {
@@ -172,9 +351,11 @@ export interface TaskFilter {
   byFinished?: boolean;
 }
 
-const TASK_COLUMNS = `id::text, name, queue, state::text, attempts, max_attempts, run_id::text, step, run_at, created_at, finished_at, last_error`;
+/** The columns {@link toSummary} reads, for a query of outlive.tasks. */
+export const TASK_COLUMNS = `id::text, name, queue, state::text, attempts, max_attempts, run_id::text, step, run_at, created_at, finished_at, last_error`;
 
-function toSummary(r: Record<string, unknown>): TaskSummary {
+/** A row of {@link TASK_COLUMNS} as a {@link TaskSummary}. */
+export function toSummary(r: Record<string, unknown>): TaskSummary {
   return {
     id: r.id as string,
     name: r.name as string,
@@ -203,9 +384,15 @@ export async function listTasks(db: Database, filter: TaskFilter = {}): Promise<
   return rows.map(toSummary);
 }
 
-/** The failures, newest first. */
-export function listFailures(db: Database, limit = 20): Promise<TaskSummary[]> {
-  return listTasks(db, { state: 'failed', limit, byFinished: true });
+/** The failures, newest first: a backward walk of tasks_state_finished_idx, however long the history. */
+export async function listFailures(db: Database, limit = 20): Promise<TaskSummary[]> {
+  const rows = await exec(db).query(
+    `SELECT ${TASK_COLUMNS} FROM outlive.tasks
+     WHERE state OPERATOR(pg_catalog.=) 'failed' AND finished_at IS NOT NULL
+     ORDER BY finished_at DESC, id DESC LIMIT $1`,
+    [limit],
+  );
+  return rows.map(toSummary);
 }
 
 /** One task with everything the rows know about it. */
@@ -280,15 +467,19 @@ export interface RunSummary {
   finishedAt: Date | null;
 }
 
-/** Lists runs, newest first, with how many of their tasks are done. */
-export async function listRuns(db: Database, filter: { state?: RunState; limit?: number } = {}): Promise<RunSummary[]> {
+/**
+ * Lists runs, newest first, with how many of their tasks are done: those
+ * before the run `before` (a keyset page), of a state, of a name.
+ */
+export async function listRuns(db: Database, filter: { state?: RunState; name?: string; before?: string | null; limit?: number } = {}): Promise<RunSummary[]> {
   const rows = await exec(db).query<{
     id: string; name: string; state: RunState; error: string | null; created_at: Date; finished_at: Date | null;
     total: number; done: number; succeeded: number; failed: number;
   }>(
     `SELECT r.id::text, r.name, r.state::text, r.error, r.created_at, r.finished_at,
             coalesce(c.total, 0) AS total, coalesce(c.done, 0) AS done, coalesce(c.succeeded, 0) AS succeeded, coalesce(c.failed, 0) AS failed
-     FROM (SELECT * FROM outlive.runs WHERE ($1::text IS NULL OR state::text OPERATOR(pg_catalog.=) $1) ORDER BY id DESC LIMIT $2) r
+     FROM (SELECT * FROM outlive.runs WHERE ($1::text IS NULL OR state::text OPERATOR(pg_catalog.=) $1) AND ($3::text IS NULL OR name OPERATOR(pg_catalog.=) $3)
+             AND ($4::bigint IS NULL OR id OPERATOR(pg_catalog.<) $4) ORDER BY id DESC LIMIT $2) r
      LEFT JOIN LATERAL (
        SELECT pg_catalog.count(*)::int AS total,
               pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.<>) ALL (ARRAY['pending', 'running']::outlive.task_state[]))::int AS done,
@@ -296,7 +487,7 @@ export async function listRuns(db: Database, filter: { state?: RunState; limit?:
               pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'failed')::int AS failed
        FROM outlive.tasks t WHERE t.run_id OPERATOR(pg_catalog.=) r.id) c ON true
      ORDER BY r.id DESC`,
-    [filter.state ?? null, filter.limit ?? 50],
+    [filter.state ?? null, filter.limit ?? 50, filter.name || null, filter.before || null],
   );
   return rows.map((r) => ({
     id: r.id, name: r.name, state: r.state, done: r.done, total: r.total, succeeded: r.succeeded, failed: r.failed,
@@ -325,7 +516,9 @@ export async function finishedPerMinute(db: Database, minutes = 60): Promise<{ m
               pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'succeeded')::int AS succeeded,
               pg_catalog.count(*) FILTER (WHERE state OPERATOR(pg_catalog.=) 'failed')::int AS failed
        FROM outlive.tasks
-       WHERE finished_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) ($1::int OPERATOR(pg_catalog.*) interval '1 minute'))
+       -- The states name tasks_state_finished_idx's leading column, so only the window's entries are read.
+       WHERE state OPERATOR(pg_catalog.=) ANY (ARRAY['succeeded', 'failed']::outlive.task_state[])
+         AND finished_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) ($1::int OPERATOR(pg_catalog.*) interval '1 minute'))
        GROUP BY 1) c ON c.minute OPERATOR(pg_catalog.=) m.minute
      ORDER BY m.minute`,
     [minutes],

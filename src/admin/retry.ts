@@ -4,7 +4,7 @@
  * tasks back to work. The error history stays in the rows.
  */
 import { OutliveError } from '../model/errors.js';
-import { inTransactionRetryingDeadlocks, toPool, type Database, type Executor } from '../db/executor.js';
+import { inTransactionRetryingDeadlocks, toExecutor, toPool, type Database, type Executor } from '../db/executor.js';
 import type { RunState, TaskState } from '../model/states.js';
 
 /** What a retry did. */
@@ -23,8 +23,8 @@ const RETRY_TASK_SQL = `
 UPDATE outlive.tasks
 SET state = 'pending', attempts = 0, max_attempts = max_attempts OPERATOR(pg_catalog.-) interruptions OPERATOR(pg_catalog.-) snoozes, interruptions = 0, snoozes = 0, run_at = coalesce($2::timestamptz, pg_catalog.now()), finished_at = NULL, vt = NULL, blocked_on = NULL,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($2::timestamptz, pg_catalog.now())
-WHERE id OPERATOR(pg_catalog.=) $1 AND run_id IS NULL AND state OPERATOR(pg_catalog.=) ANY (ARRAY['failed', 'cancelled']::outlive.task_state[])
-RETURNING id`;
+WHERE id OPERATOR(pg_catalog.=) ANY ($1::bigint[]) AND run_id IS NULL AND state OPERATOR(pg_catalog.=) ANY (ARRAY['failed', 'cancelled']::outlive.task_state[])
+RETURNING id::text`;
 
 // Tasks first, then the run: the lock order of settles.
 const REVIVE_RUN_TASKS_SQL = `
@@ -113,7 +113,7 @@ export async function retryTask(db: Database, taskId: string, options: { now?: D
         return { retried: false, state: task.state, tasks: 0, reason: `the task is ${task.state}, not failed or cancelled` };
       }
       try {
-        const rows = await tx.query(RETRY_TASK_SQL, [taskId, now]);
+        const rows = await tx.query(RETRY_TASK_SQL, [[taskId], now]);
         return { retried: rows.length === 1, state: rows.length === 1 ? 'pending' : task.state, tasks: rows.length };
       } catch (err) {
         if ((err as { code?: string }).code === '23505') {
@@ -126,4 +126,42 @@ export async function retryTask(db: Database, taskId: string, options: { now?: D
     if (err instanceof NothingToRetry) return err.report;
     throw err;
   }
+}
+
+/** What a retry of many tasks did. */
+export interface RetryManyReport {
+  /** Tasks outside runs put back to pending. */
+  tasks: number;
+  /** Runs retried (each with its unsuccessful tasks) because one of the tasks belonged to it. */
+  runs: number;
+  /** Tasks outside runs not retried: gone, no longer failed or cancelled, or another unfinished task holds their idempotency key. */
+  skipped: number;
+}
+
+/**
+ * Retries many tasks at once, as {@link retryTask} retries one: those
+ * outside runs by one guarded statement (a task that is no longer failed or
+ * cancelled is left as it is), those of runs with their runs.
+ */
+export async function retryTasks(db: Database, taskIds: readonly string[], options: { now?: Date } = {}): Promise<RetryManyReport> {
+  const now = options.now ?? null;
+  const pool = toPool(db);
+  const report: RetryManyReport = { tasks: 0, runs: 0, skipped: 0 };
+  if (taskIds.length === 0) return report;
+  const rows = (await pool.query(`SELECT id::text, run_id::text FROM outlive.tasks WHERE id OPERATOR(pg_catalog.=) ANY ($1::bigint[])`, [taskIds])).rows as { id: string; run_id: string | null }[];
+  const plain = rows.filter((r) => r.run_id === null).map((r) => r.id);
+  const runs = [...new Set(rows.filter((r) => r.run_id !== null).map((r) => r.run_id!))];
+  try {
+    report.tasks = (await toExecutor(pool).query(RETRY_TASK_SQL, [plain, now])).length;
+  } catch (err) {
+    // One of them collides with an unfinished task's idempotency key: one at a time, so the others still go.
+    if ((err as { code?: string }).code !== '23505') throw err;
+    for (const id of plain) {
+      const r = await retryTask(db, id, options).catch((e: unknown) => (e instanceof OutliveError ? null : Promise.reject(e)));
+      if (r?.retried) report.tasks += 1;
+    }
+  }
+  for (const run of runs) if ((await retryRun(db, run, options)).retried) report.runs += 1;
+  report.skipped = taskIds.length - rows.length + plain.length - report.tasks;
+  return report;
 }

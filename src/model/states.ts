@@ -27,7 +27,7 @@ export const TASK_STATES = [
   'succeeded',
   /** Final: the last attempt failed, or one threw NonRetriableError. In: a settle, recovery. Out: a retry by hand. */
   'failed',
-  /** Final: its run was cancelled. In: cancelRun. Out: retryRun. */
+  /** Final: its run was cancelled, or it was cancelled by hand outside a run. In: cancelRun, cancelTasks (admin/cancel.ts). Out: retryRun, retryTask(s). */
   'cancelled',
   /** Final, never run: a task it waits for failed, or it was born downstream of one. In: a settle's run effects. Out: retryRun. */
   'skipped',

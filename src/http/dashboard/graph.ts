@@ -3,7 +3,9 @@
  * one column right of its deepest dependency), edges from each dependency to
  * the task waiting for it, boxes coloured by state. A column with many tasks
  * of one state shows the first few and folds the rest into one "+N more" box,
- * so a 10,000-page fan-out still draws as a handful of boxes.
+ * so a 10,000-page fan-out still draws as a handful of boxes. The run page
+ * draws it only for small runs (run-page.ts), as its depth is found by
+ * recursion.
  */
 import type { ExplainedTask } from '../../admin/explain.js';
 import type { TaskState } from '../../model/states.js';
@@ -52,7 +54,12 @@ export function layoutRun(
 ): GraphLayout {
   const byId = new Map(tasks.map((t) => [t.id, t]));
   const parents = new Map<string, string[]>();
-  for (const e of deps) if (byId.has(e.dependsOn) && byId.has(e.task)) parents.set(e.task, [...(parents.get(e.task) ?? []), e.dependsOn]);
+  for (const e of deps) {
+    if (!byId.has(e.dependsOn) || !byId.has(e.task)) continue;
+    const ps = parents.get(e.task);
+    if (ps) ps.push(e.dependsOn);
+    else parents.set(e.task, [e.dependsOn]);
+  }
   const depth = new Map<string, number>();
   const depthOf = (taskId: string, seen: Set<string> = new Set()): number => {
     const known = depth.get(taskId);
@@ -69,7 +76,9 @@ export function layoutRun(
     const d = depthOf(t.id);
     if (!columns.has(d)) columns.set(d, new Map());
     const col = columns.get(d)!;
-    col.set(t.state, [...(col.get(t.state) ?? []), t]);
+    const group = col.get(t.state);
+    if (group) group.push(t);
+    else col.set(t.state, [t]);
   }
   const order: TaskState[] = ['failed', 'running', 'pending', 'skipped', 'cancelled', 'succeeded'];
   const nodes: Node[] = [];

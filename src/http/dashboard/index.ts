@@ -3,8 +3,12 @@
  * Cloudflare Worker, the Vercel functions and the local stack serve the same
  * pages: `handleDashboard(request, db, { token, basePath })`.
  *
- * Routes under `basePath`: `/` the overview, `/runs/:id`, `/tasks/:id`,
- * `/limits`, and the actions `POST /tasks/:id/retry`, `POST /runs/:id/retry`,
+ * Routes under `basePath`: `/` the overview, `/runs/:id` (`?step=` searches
+ * its steps, `?after=` pages them), `/tasks/:id`, `/tasks` and `/runs`
+ * (lists by keyset: `?before=`, filters `state`, `name`, `queue`, `key`,
+ * `from`, `to`, `q` for error text), `/queues`, `/limits`, `/bulk?action=retry|cancel&…`
+ * (the count, and a button to `POST /bulk`), and the actions
+ * `POST /tasks/:id/retry`, `POST /runs/:id/retry`,
  * `POST /runs/:id/cancel`, `POST /limits/pause` and `/limits/resume` (form
  * field `key`; `for` in ms and `reason` to pause), `POST /queues/pause` and
  * `/queues/resume` (`queue`; `reason` to pause). Without the token every
@@ -15,14 +19,21 @@ import { MIN_SECRET_LENGTHS } from '../../model/checks.js';
 import { cancelRun } from '../../admin/cancel.js';
 import { toError } from '../../model/errors.js';
 import { toPool, type Database } from '../../db/executor.js';
-import { explainRun } from '../../admin/explain.js';
+import { explainRun, explainSteps } from '../../admin/explain.js';
+import { runGroups, runTimeline, runVersion } from '../../admin/run-view.js';
 import { secretsEqual } from '../nudge.js';
 import { retryRun, retryTask } from '../../admin/retry.js';
 import { FlowControlError, pauseKey, pauseQueue, resumeKey, resumeQueue } from '../../admin/flow.js';
 import { credentialOf, csrfValue, sameSiteForm, sessionCookie } from './auth.js';
 import { metricsResponse } from './metrics.js';
-import { limitsPage, messagePage, overviewPage, runPage, taskPage, type PageContext } from './pages.js';
-import { finishedPerMinute, getTask, listFailures, listKeys, listRuns, listSchedules, pausedQueues, runEdges, status } from '../../admin/queries.js';
+import { limitsPage, messagePage, overviewPage, taskPage, type PageContext } from './pages.js';
+import { GRAPH_MAX_TASKS, runPage } from './run-page.js';
+import { bulkPage, queryParams, queuesPage, runsPage, taskQueryOf, tasksPage } from './list-pages.js';
+import { browseTasks, LIST_WINDOW } from '../../admin/browse.js';
+import { BULK_MAX, countBulk, runBulk } from '../../admin/bulk.js';
+import { RUN_STATES, type RunState } from '../../model/states.js';
+import { layoutRun } from './graph.js';
+import { COUNT_CAP, finishedByQueue, finishedPerMinute, getTask, listFailures, listKeys, listRuns, listSchedules, parkedWaits, pausedQueues, queueDepths, runEdges, status, waitedKeys } from '../../admin/queries.js';
 
 /** How the dashboard is mounted and protected. */
 export interface DashboardOptions {
@@ -74,6 +85,15 @@ const FLASH: Record<string, string> = {
   'queue-not-paused': 'Nothing was resumed: the queue is not paused.',
 };
 
+/** The flash after a bulk action: what it changed, from the redirect's numbers. */
+function bulkFlash(params: URLSearchParams): string | null {
+  const action = params.get('flash');
+  const n = (k: string) => (/^[0-9]{1,9}$/.test(params.get(k) ?? '') ? Number(params.get(k)) : 0);
+  if (action === 'bulk-retry') return `Retried ${n('changed')} tasks${n('runs') ? ` and ${n('runs')} runs` : ''}${n('skipped') ? `; ${n('skipped')} had changed and were left as they were` : ''}.`;
+  if (action === 'bulk-cancel') return `Cancelled ${n('changed')} tasks${n('skipped') ? `; ${n('skipped')} had finished and were left as they were` : ''}.`;
+  return null;
+}
+
 /** Keys the limits page shows at most (those paused, waiting or running first). */
 const MAX_KEYS_SHOWN = 200;
 /** The longest pause the dashboard's form may ask for, in ms: 30 days. */
@@ -122,27 +142,27 @@ export async function handleDashboard(request: Request, db: Database, options: D
       csrf: await csrfValue(token),
       refreshSeconds: url.searchParams.get('refresh') === '0' ? 0 : (options.refreshSeconds ?? 5),
       now: new Date(),
-      flash: FLASH[url.searchParams.get('flash') ?? ''] ?? null,
+      flash: FLASH[url.searchParams.get('flash') ?? ''] ?? bulkFlash(url.searchParams),
     };
     if (path === '/') {
       const [s, throughput, runs, failures, schedules] = await Promise.all([
-        status(db), finishedPerMinute(db, 60), listRuns(db, { limit: 20 }), listFailures(db, 20), listSchedules(db),
+        status(db, { cap: COUNT_CAP }), finishedPerMinute(db, 60), listRuns(db, { limit: 20 }), listFailures(db, 20), listSchedules(db),
       ]);
       ctx.now = s.now;
-      return page(200, overviewPage(ctx, { status: s, throughput, runs, failures, schedules }));
+      const data = { status: s, throughput, runs, failures, schedules };
+      // The oldest ready task by when it became due (to the second), not its age: an age changes with every request.
+      const due = s.oldestReadyMs === null ? null : Math.round((s.now.getTime() - s.oldestReadyMs) / 1000);
+      return fresh(request, ctx, { ...data, status: { ...s, now: undefined, oldestReadyMs: due } }, () => overviewPage(ctx, data));
     }
     let m = new RegExp(`^/runs/${ID}$`).exec(path);
-    if (m) {
-      const [run, edges] = await Promise.all([explainRun(db, m[1]!), runEdges(db, m[1]!)]);
-      if (!run) return page(404, messagePage('Not found', `There is no run ${m[1]}.`));
-      return page(200, runPage(ctx, run, edges));
-    }
+    if (m) return await runRoute(request, db, ctx, m[1]!, url.searchParams);
     m = new RegExp(`^/tasks/${ID}$`).exec(path);
     if (m) {
       const task = await getTask(db, m[1]!);
       if (!task) return page(404, messagePage('Not found', `There is no task ${m[1]}.`));
       return page(200, taskPage(ctx, task));
     }
+    if (path === '/tasks' || path === '/runs' || path === '/queues' || path === '/bulk') return await listRoute(request, db, ctx, path, url.searchParams);
     if (path === '/limits') {
       const [{ keys, total }, queues] = await Promise.all([listKeys(db, { limit: MAX_KEYS_SHOWN }), pausedQueues(db)]);
       return page(200, limitsPage(ctx, { keys, total, queues }));
@@ -153,6 +173,95 @@ export async function handleDashboard(request: Request, db: Database, options: D
     log(toError(err).message.split('\n')[0]!);
     return page(500, messagePage('The database did not answer', 'The dashboard could not read the rows; see the function\'s log.'));
   }
+}
+
+/**
+ * Answers a page whose content follows from `data` and the page's context:
+ * 304 when the browser holds that page already (its ETag, a hash of both;
+ * the CSRF value in it, so a page whose forms would be refused is never
+ * kept), so an auto-refresh of an unchanged page sends no body and renders nothing.
+ */
+async function fresh(request: Request, ctx: PageContext, data: unknown, render: () => string | Promise<string>): Promise<Response> {
+  const shown = { data, csrf: ctx.csrf, flash: ctx.flash, refresh: ctx.refreshSeconds };
+  const digest = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(JSON.stringify(shown)));
+  const etag = `W/"${[...new Uint8Array(digest, 0, 12)].map((b) => b.toString(16).padStart(2, '0')).join('')}"`;
+  // Kept by the browser but asked about each time; private: never by a shared cache.
+  const headers = { etag, 'cache-control': 'private, no-cache' };
+  const held = request.headers.get('if-none-match');
+  if (held !== null && held.split(',').some((t) => t.trim() === etag)) {
+    return new Response(null, { status: 304, headers: { ...SECURITY_HEADERS, ...headers } });
+  }
+  return page(200, await render(), headers);
+}
+
+/** Steps a run page lists at once. */
+const STEPS_PER_PAGE = 100;
+
+async function runRoute(request: Request, db: Database, ctx: PageContext, id: string, params: URLSearchParams): Promise<Response> {
+  const search = { prefix: (params.get('step') ?? '').slice(0, 500), after: (params.get('after') ?? '').slice(0, 500) };
+  const version = await runVersion(db, id);
+  if (!version) return page(404, messagePage('Not found', `There is no run ${id}.`));
+  const render = async () => {
+    const [run, timeline, steps] = await Promise.all([
+      runGroups(db, id),
+      runTimeline(db, id),
+      explainSteps(db, id, { after: search.after, prefix: search.prefix, limit: STEPS_PER_PAGE }),
+    ]);
+    if (!run) return null;
+    ctx.now = run.now;
+    let graph = null;
+    if (run.total <= GRAPH_MAX_TASKS) {
+      const [all, edges] = await Promise.all([explainRun(db, id, { now: run.now }), runEdges(db, id)]);
+      if (all) graph = layoutRun(all.tasks, edges);
+    }
+    return { data: { run: { ...run, now: undefined }, timeline, steps, search, graph }, body: () => runPage(ctx, { run, timeline, steps, search, graph }) };
+  };
+  // A finished run's rows change only with its row (a retry reopens it), so its
+  // page is known by that row, before the aggregates over its steps are read.
+  if (version.state !== 'running') {
+    return fresh(request, ctx, { id, version, search }, async () => (await render())?.body() ?? messagePage('Not found', `There is no run ${id}.`));
+  }
+  const r = await render();
+  if (!r) return page(404, messagePage('Not found', `There is no run ${id}.`));
+  return fresh(request, ctx, r.data, r.body);
+}
+
+/** Tasks and runs a list page shows at once. */
+const LIST_PAGE = 50;
+
+function badRequest(message: string): Response {
+  return page(400, messagePage('Bad request', message));
+}
+
+async function listRoute(request: Request, db: Database, ctx: PageContext, path: string, params: URLSearchParams): Promise<Response> {
+  const before = params.get('before') ?? '';
+  if (before !== '' && !new RegExp(`^${ID}$`).test(before)) return badRequest('before is the id of a task or run');
+  if (path === '/runs') {
+    const state = params.get('state') || undefined;
+    if (state !== undefined && !(RUN_STATES as readonly string[]).includes(state)) return badRequest(`state must be one of ${RUN_STATES.join(', ')}`);
+    const filter = { state: state as RunState | undefined, name: params.get('name')?.trim().slice(0, 500) || undefined };
+    const runs = await listRuns(db, { ...filter, before: before || null, limit: LIST_PAGE + 1 });
+    const next = runs.length > LIST_PAGE ? runs[LIST_PAGE - 1]!.id : null;
+    runs.length = Math.min(runs.length, LIST_PAGE);
+    return fresh(request, ctx, { runs, next, filter, before }, () => runsPage(ctx, filter, runs, next, before || null));
+  }
+  if (path === '/queues') {
+    const [depths, finished, paused, waits, keys] = await Promise.all([
+      queueDepths(db), finishedByQueue(db), pausedQueues(db), parkedWaits(db), waitedKeys(db, { limit: 50 }),
+    ]);
+    const data = { depths, finished, paused, waits, keys };
+    return fresh(request, ctx, data, () => queuesPage(ctx, data));
+  }
+  const query = taskQueryOf(params);
+  if (typeof query === 'string') return badRequest(query);
+  if (path === '/bulk') {
+    const action = params.get('action');
+    if (action !== 'retry' && action !== 'cancel') return badRequest('action is retry or cancel');
+    return page(200, bulkPage(ctx, action, query, await countBulk(db, action, query), BULK_MAX));
+  }
+  const found = await browseTasks(db, query, { before: before || null, limit: LIST_PAGE });
+  const data = { ...found, before: before || null, window: LIST_WINDOW };
+  return fresh(request, ctx, { data, query }, () => tasksPage(ctx, query, data));
 }
 
 async function act(request: Request, db: Database, path: string, basePath: string, token: string, credential: 'bearer' | 'cookie'): Promise<Response> {
@@ -179,6 +288,14 @@ async function act(request: Request, db: Database, path: string, basePath: strin
     const r = await cancelRun(db, m[1]!, { reason: 'cancelled from the dashboard' });
     if (r.state === null) return page(404, messagePage('Not found', `There is no run ${m[1]}.`));
     return redirect(`${basePath}/runs/${m[1]}?flash=${r.cancelled ? 'run-cancelled' : 'not-cancelled'}`);
+  }
+  if (path === '/bulk') {
+    const action = form.get('action');
+    const query = taskQueryOf(form);
+    if ((action !== 'retry' && action !== 'cancel') || typeof query === 'string') return badRequest(typeof query === 'string' ? query : 'action is retry or cancel');
+    const r = await runBulk(db, action, query);
+    const done = new URLSearchParams([...queryParams(query), ['flash', `bulk-${action}`], ['changed', String(r.changed)], ['runs', String(r.runs)], ['skipped', String(r.skipped)], ['refresh', '0']]);
+    return redirect(`${basePath}/tasks?${done}`);
   }
   if (/^\/(limits|queues)\/(pause|resume)$/.test(path)) {
     try {

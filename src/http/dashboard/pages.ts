@@ -1,17 +1,16 @@
 /**
  * The dashboard's pages, rendered on the server: the overview (counts, the
- * last hour, runs, failures, schedules, what flow control holds back), a run
- * (its graph and why each task waits), a task (input, output, error
- * history) and the limits (keys, their windows and pauses, paused queues,
+ * last hour, runs, failures, schedules, what flow control holds back), a
+ * task (input, output, error history) and the limits (keys, their windows and pauses, paused queues,
  * with buttons to pause and resume). Every value from the rows goes through
- * {@link html}, which escapes it.
+ * {@link html}, which escapes it. A run's page is in run-page.ts, the lists
+ * in list-pages.ts.
  */
-import type { ExplainedRun } from '../../admin/explain.js';
 import { formatPeriod, keyWait, progressText, roomText } from '../../admin/queries.js';
 import type { KeyState, QueuePause, StatusReport, RunSummary, TaskSummary, TaskDetail, ScheduleSummary } from '../../admin/queries.js';
 import { RUN_STATES, TASK_STATES } from '../../model/states.js';
 import { html, raw, type Html } from './html.js';
-import { layoutRun, renderRunGraph, renderThroughput, STATE_COLOURS } from './graph.js';
+import { renderThroughput, STATE_COLOURS } from './graph.js';
 
 /** What every page needs to link and post back. */
 export interface PageContext {
@@ -44,17 +43,19 @@ pre{background:#fff;border:1px solid #e4e4e7;padding:8px;overflow:auto;max-heigh
 svg.graph text{font:12px system-ui,sans-serif}svg.graph text.state{font-size:10px;fill:#333}
 svg.graph .edge{fill:none;stroke:#888;stroke-width:1.2}svg.chart .axis{font:10px system-ui,sans-serif;fill:#667}
 form.pause input[name=reason]{width:11em}select{font:inherit}
+form.filters,form.step-search{margin:6px 0 10px}form.filters label{margin-right:8px}.pager{margin:8px 0}
 .flash{background:#fff8c5;border:1px solid #e5d38a;padding:6px 10px;margin-bottom:10px}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:3px 14px;background:#fff;padding:10px;border:1px solid #e4e4e7}dt{color:#667}dd{margin:0}
 `);
 
 /** A state as a coloured badge. */
-function badge(state: string): Html {
+export function badge(state: string): Html {
   const colour = (STATE_COLOURS as Record<string, string>)[state] ?? '#ddd';
   return html`<span class="badge state-${state}" style="background:${colour}">${state}</span>`;
 }
 
-function ago(d: Date | null, now: Date): string {
+/** "3m ago", "in 2h". */
+export function ago(d: Date | null, now: Date): string {
   if (!d) return '-';
   const s = Math.round((now.getTime() - d.getTime()) / 1000);
   const a = Math.abs(s);
@@ -62,16 +63,19 @@ function ago(d: Date | null, now: Date): string {
   return s >= 0 ? `${text} ago` : `in ${text}`;
 }
 
-function when(d: Date | null, now: Date): Html {
+/** A time as "3m ago", its instant in the tooltip. */
+export function when(d: Date | null, now: Date): Html {
   if (!d) return html`-`;
   return html`<time datetime="${d.toISOString()}" title="${d.toISOString()}">${ago(d, now)}</time>`;
 }
 
-function action(ctx: PageContext, path: string, label: string, name: string): Html {
+/** A button that posts to `path` with the page's CSRF value. */
+export function action(ctx: PageContext, path: string, label: string, name: string): Html {
   return html`<form class="inline" method="post" action="${ctx.basePath}${path}"><input type="hidden" name="csrf" value="${ctx.csrf}"><button type="submit" name="action" value="${name}" data-action="${name}">${label}</button></form>`;
 }
 
-function progress(done: number, total: number): Html {
+/** A bar and "done of total". */
+export function progress(done: number, total: number): Html {
   const pct = total === 0 ? 0 : Math.round((done / total) * 100);
   return html`<span class="bar" title="${pct}%"><span style="width:${pct}%"></span></span> <span class="progress">${done} of ${total}</span>`;
 }
@@ -82,7 +86,7 @@ export function layout(ctx: PageContext, title: string, body: Html): string {
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 ${ctx.refreshSeconds > 0 ? html`<meta http-equiv="refresh" content="${ctx.refreshSeconds}">` : ''}
 <title>${title} · outlive</title><style>${STYLE}</style></head>
-<body><header><a href="${ctx.basePath}/">outlive</a><a href="${ctx.basePath}/limits">limits</a><span class="muted">${title}</span><span class="muted" style="margin-left:auto">${ctx.refreshSeconds > 0 ? `refreshes every ${ctx.refreshSeconds}s` : 'not refreshing'} · ${ctx.now.toISOString().slice(0, 19).replace('T', ' ')} UTC</span></header>
+<body><header><a href="${ctx.basePath}/">outlive</a><a href="${ctx.basePath}/tasks">tasks</a><a href="${ctx.basePath}/runs">runs</a><a href="${ctx.basePath}/queues">queues</a><a href="${ctx.basePath}/limits">limits</a><span class="muted">${title}</span><span class="muted" style="margin-left:auto">${ctx.refreshSeconds > 0 ? `refreshes every ${ctx.refreshSeconds}s` : 'not refreshing'} · ${ctx.now.toISOString().slice(0, 19).replace('T', ' ')} UTC</span></header>
 <main>${ctx.flash ? html`<div class="flash" role="status">${ctx.flash}</div>` : ''}${body}</main></body></html>`.value;
 }
 
@@ -100,6 +104,11 @@ ${failures.map((t) => html`<tr data-task="${t.id}"><td><a href="${ctx.basePath}/
 </tbody></table>`;
 }
 
+/** A count, "10000+" when it stopped at its cap. */
+export function count(n: number, more = false): string {
+  return more ? `${n}+` : String(n);
+}
+
 /** The front page. */
 export function overviewPage(
   ctx: PageContext,
@@ -108,7 +117,7 @@ export function overviewPage(
   const s = data.status;
   const body = html`<h1>Overview</h1>
 <h2>Tasks by state</h2>
-<div class="cards" id="task-counts">${TASK_STATES.map((st) => html`<div class="card" data-state="${st}">${badge(st)}<b>${s.tasks[st]}</b></div>`)}
+<div class="cards" id="task-counts">${TASK_STATES.map((st) => html`<div class="card" data-state="${st}">${badge(st)}<b>${count(s.tasks[st], s.more?.tasks.includes(st))}</b></div>`)}
 <div class="card"><span class="muted">oldest ready</span><b>${s.oldestReadyMs === null ? '-' : `${Math.round(s.oldestReadyMs / 1000)}s`}</b></div>
 <div class="card"><span class="muted">failed, last hour</span><b id="failed-hour">${s.failedLastHour}</b></div></div>
 ${s.unrunnable.length === 0 ? '' : html`<h2>Ready, but no pass knows them</h2>
@@ -117,10 +126,10 @@ ${s.unrunnable.map((u) => html`<tr data-name="${u.name}"><td>${u.name}</td><td>$
 </tbody></table>`}
 ${flowControl(ctx, s)}
 <h2>Runs by state</h2>
-<div class="cards" id="run-counts">${RUN_STATES.map((st) => html`<div class="card" data-state="${st}">${badge(st)}<b>${s.runs[st]}</b></div>`)}</div>
+<div class="cards" id="run-counts">${RUN_STATES.map((st) => html`<div class="card" data-state="${st}">${badge(st)}<b>${count(s.runs[st], s.more?.runs.includes(st))}</b></div>`)}</div>
 <h2>Tasks finished per minute, last hour</h2>
 ${renderThroughput(data.throughput)}
-<div class="muted">${badge('succeeded')} ${badge('failed')}${s.queues.length > 1 ? html` · queues: ${s.queues.map((q) => `${q.queue} (${q.counts.pending} pending, ${q.counts.running} running)`).join(', ')}` : ''}</div>
+<div class="muted">${badge('succeeded')} ${badge('failed')}${s.queues.length > 1 ? html` · <a href="${ctx.basePath}/queues">queues</a>: ${s.queues.map((q) => `${q.queue} (${q.counts.pending} pending, ${q.counts.running} running)`).join(', ')}` : ''}</div>
 <h2>Runs</h2>${runRows(ctx, data.runs)}
 <h2>Failures, newest first</h2>${failureRows(ctx, data.failures)}
 <h2>Schedules</h2>
@@ -146,33 +155,6 @@ ${s.waits.map((w) => html`<tr data-key="${w.key}"><td>key ${w.key}</td><td>${w.w
 ${s.pausedQueues.map((q) => html`<tr data-queue="${q.queue}"><td>queue ${q.queue}</td><td>${tasks(s.queues.find((x) => x.queue === q.queue)?.counts.pending ?? 0, false)} pending</td><td>queue ${q.queue} is paused${q.reason ? `: ${q.reason}` : ''} (since ${ago(q.pausedAt, ctx.now)})</td></tr>`)}
 </tbody></table>
 <p class="muted"><a href="${ctx.basePath}/limits">Limits, pauses and queues</a></p>`;
-}
-
-/** Tasks listed under the graph (the rest are summed up). */
-const MAX_TASK_ROWS = 200;
-
-/** A run: its graph and each task's reason. */
-export function runPage(ctx: PageContext, run: ExplainedRun, edges: { task: string; dependsOn: string }[]): string {
-  const done = run.tasks.filter((t) => t.state !== 'pending' && t.state !== 'running').length;
-  const waiting = [...run.tasks].sort((a, b) => rank(a.state) - rank(b.state) || Number(a.id) - Number(b.id));
-  const body = html`<h1>Run #${run.id}: ${run.name} ${badge(run.state)}</h1>
-<p>${progress(done, run.tasks.length)} · ${TASK_STATES.filter((st) => run.counts[st]).map((st) => html`${badge(st)} ${run.counts[st]} `)}
-· started ${when(run.createdAt, ctx.now)}${run.finishedAt ? html` · finished ${when(run.finishedAt, ctx.now)}` : ''}</p>
-${run.error ? html`<p class="err">Error: ${run.error}</p>` : ''}
-<p>${run.state === 'running' ? action(ctx, `/runs/${run.id}/cancel`, 'Cancel run', 'cancel') : ''}
-${run.state === 'failed' || run.state === 'cancelled' ? action(ctx, `/runs/${run.id}/retry`, 'Retry run', 'retry') : ''}</p>
-<h2>Graph</h2><p class="muted">Each box is a task, left to right by what it waits for; an arrow runs from a task to the one waiting on it. Hover for the reason.</p>
-<div class="graph-wrap">${renderRunGraph(layoutRun(run.tasks, edges), (id) => `${ctx.basePath}/tasks/${id}`)}</div>
-<h2>Tasks and why</h2>
-<table id="run-tasks"><thead><tr><th>task</th><th>step</th><th>state</th><th>attempts</th><th>why</th></tr></thead><tbody>
-${waiting.slice(0, MAX_TASK_ROWS).map((t) => html`<tr data-task="${t.id}" data-state="${t.state}"><td><a href="${ctx.basePath}/tasks/${t.id}">#${t.id}</a></td><td>${t.step ?? t.name}</td><td>${badge(t.state)}</td><td>${t.attempts}/${t.maxAttempts}</td><td>${t.why}</td></tr>`)}
-</tbody></table>
-${waiting.length > MAX_TASK_ROWS ? html`<p class="muted">and ${waiting.length - MAX_TASK_ROWS} more tasks (list them with <code>outlive tasks --run ${run.id}</code>).</p>` : ''}`;
-  return layout(ctx, `Run #${run.id}`, body);
-}
-
-function rank(state: string): number {
-  return ['failed', 'running', 'pending', 'skipped', 'cancelled', 'succeeded'].indexOf(state);
 }
 
 function json(value: unknown): string {
