@@ -7,7 +7,10 @@ const SOURCE = 'outlive-source';
 
 export default defineConfig({
   resolve: { conditions: [SOURCE, ...defaultClientConditions] },
-  ssr: { resolve: { conditions: [SOURCE, ...defaultServerConditions], externalConditions: [SOURCE] } },
+  // Without `module`: OpenTelemetry's packages give under it an ESM build
+  // that Node cannot load (extensionless imports); Node's own resolution
+  // (`default`, their CommonJS build) is what an app on Node gets too.
+  ssr: { resolve: { conditions: [SOURCE, ...defaultServerConditions.filter((c) => c !== 'module')], externalConditions: [SOURCE] } },
   test: {
     include: ['test/**/*.test.ts'],
     globalSetup: ['test/support/global-setup.ts'],

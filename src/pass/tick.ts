@@ -21,6 +21,8 @@ import { taskRegistry, type TaskList } from '../model/task.js';
 import { checkName } from '../model/checks.js';
 import { WAIT_TASK } from '../model/wait.js';
 import { beginWaits } from './wait.js';
+import { telemetry } from '../model/telemetry.js';
+import { errorOf, outcomeOf, readTraces, type TraceOf } from './trace.js';
 
 /** Waits a pass claims at once when a claim found more due than it took. */
 const WAIT_BATCH = 500;
@@ -201,6 +203,11 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     stoppedBy: 'drained',
   };
   let dbError: unknown = null;
+  // With telemetry registered, the pass is a span and reads each claim's
+  // trace contexts; without, these stay null and cost one check per task.
+  const observer = telemetry();
+  const passSpan = observer?.startPass({ owner, queues }) ?? null;
+  const traces = passSpan ? new Map<string, TraceOf>() : null;
 
   // Progress (a handler finishing, a settle landing) wakes the claim loop.
   let wake: (() => void) | null = null;
@@ -244,6 +251,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     (err) => {
       dbError ??= err;
     },
+    passSpan,
   );
   const leases = new LeaseWatch(exec, { owner, now, leaseMs, leaseGraceMs }, leaseCheckMs);
 
@@ -262,8 +270,28 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     const abort = leases.track(row.id);
     if (options.abort?.aborted) abort.abort(new HandBackError());
     const since = performance.now();
-    void execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat: leases.heartbeat, owner }).then((outcome) => {
+    const trace = traces?.get(row.id);
+    if (traces) traces.delete(row.id);
+    const span = passSpan?.startAttempt({
+      id: row.id,
+      task: row.name,
+      queue: row.queue,
+      attempt: row.attempts,
+      runId: row.run_id,
+      step: trace?.step ?? null,
+      link: trace?.traceContext ?? null,
+      limitKeys: row.limits ? row.limits.map((l) => l.k) : null,
+      startLatencyMs: trace?.startLatencyMs ?? null,
+    });
+    const run = () => execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat: leases.heartbeat, owner });
+    void (span ? span.run(run) : run()).then((outcome) => {
       const took = performance.now() - since;
+      if (span) {
+        const state = outcomeOf(outcome);
+        const error = errorOf(outcome);
+        span.end(error ? { outcome: state, durationMs: took, error } : { outcome: state, durationMs: took });
+        observer!.attemptFinished({ task: row.name, queue: row.queue, outcome: state, durationMs: took, startLatencyMs: trace?.startLatencyMs ?? null });
+      }
       avgHandlerMs = avgHandlerMs === null ? took : avgHandlerMs * 0.8 + took * 0.2;
       leases.untrack(row.id);
       running--;
@@ -308,7 +336,10 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // Claimed rows wait here for a free slot, in claim order.
   const buffer: { row: ClaimedTask; at: number }[] = [];
   const staleAfterMs = leaseGraceMs / 2;
-  const handBack = (row: ClaimedTask) => settler.push(handedBack(row));
+  const handBack = (row: ClaimedTask) => {
+    traces?.delete(row.id);
+    settler.push(handedBack(row));
+  };
   // Handler time, smoothed: how fast buffered tasks will get a slot.
   let avgHandlerMs: number | null = null;
   const bufferLimit = () => {
@@ -423,6 +454,10 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
           now,
           governedLimit,
         });
+        if (traces && rows.length > 0) {
+          const ids = rows.flatMap((r) => (r.name === WAIT_TASK ? [] : [r.id]));
+          if (ids.length > 0) await readTraces(exec, ids, traces);
+        }
         const at = performance.now();
         const short = rows.length < limit;
         let governed = 0;
@@ -463,6 +498,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   options.abort?.removeEventListener('abort', handBackAll);
   options.wakeups?.removeEventListener('wake', onWake);
   report.durationMs = Math.round(performance.now() - started);
+  passSpan?.end(report, dbError ?? undefined);
   if (dbError) {
     const err = toError(dbError);
     throw new PassError(`outlive: the pass ${owner} hit a database error: ${err.message}`, report, { cause: err });
