@@ -120,6 +120,22 @@ export function openTelemetry(options: InstrumentOptions = {}): Telemetry {
   const meterProvider = options.meterProvider ?? api.metrics.getMeterProvider();
   const tracer = tracerProvider.getTracer(NAME);
   const meter = meterProvider.getMeter(NAME);
+  // Metric attributes made once per task, queue and outcome, not per attempt,
+  // with that set's count of attempts. No messaging.system: the meter's name says it.
+  const attributeSets = new Map<string, { plain: api.Attributes; withOutcome: api.Attributes; count: number }>();
+  const attributesOf = (r: AttemptRecord) => {
+    const key = `${r.task}\n${r.queue}\n${r.outcome}`;
+    let a = attributeSets.get(key);
+    if (!a) {
+      const plain = { 'messaging.destination.name': r.queue, 'outlive.task.name': r.task };
+      a = { plain, withOutcome: { ...plain, 'outlive.outcome': r.outcome }, count: 0 };
+      attributeSets.set(key, a);
+    }
+    return a;
+  };
+  // The API's no-op meter (no SDK registered) records nothing: a pass need not read what metrics would take.
+  const noopMeter = (api as { createNoopMeter?: () => object }).createNoopMeter?.();
+  const metering = !(noopMeter && meter instanceof noopMeter.constructor);
   const startLatency = meter.createHistogram('outlive.task.start_latency', {
     unit: 's',
     description: 'Time from when a task was due to its claim.',
@@ -130,12 +146,18 @@ export function openTelemetry(options: InstrumentOptions = {}): Telemetry {
     description: 'Time one attempt of a task ran, from its start to its outcome.',
     advice: { explicitBucketBoundaries: SECONDS },
   });
-  const attempts = meter.createCounter('outlive.attempts', { unit: '{attempt}', description: 'Attempts finished, by outcome.' });
+  // Counted here and observed at each collection: an increment per attempt
+  // costs a field write, where the SDK's add() hashes the attributes each time.
+  const attempts = meter.createObservableCounter('outlive.attempts', { unit: '{attempt}', description: 'Attempts finished, by outcome.' });
+  attempts.addCallback((result) => {
+    for (const a of attributeSets.values()) if (a.count > 0) result.observe(a.count, a.withOutcome);
+  });
   const resumeLatency = meter.createHistogram('outlive.signal.resume_latency', {
     unit: 's',
     description: 'Time from a signal to the end of the wait it resumed.',
     advice: { explicitBucketBoundaries: SECONDS },
   });
+
 
   const startPass = (info: { owner: string; queues: readonly string[] | null }): PassSpan => {
     const attributes: api.Attributes = { 'messaging.system': SYSTEM, 'outlive.pass.owner': info.owner };
@@ -143,6 +165,7 @@ export function openTelemetry(options: InstrumentOptions = {}): Telemetry {
     const span = tracer.startSpan('outlive pass', { kind: api.SpanKind.INTERNAL, attributes }, api.context.active());
     const within = api.trace.setSpan(api.context.active(), span);
     return {
+      recording: metering || span.isRecording(),
       startAttempt(a: AttemptInfo) {
         const attributes: api.Attributes = {
           'messaging.system': SYSTEM,
@@ -154,21 +177,25 @@ export function openTelemetry(options: InstrumentOptions = {}): Telemetry {
           'outlive.attempt': a.attempt,
         };
         if (a.runId !== null) attributes['outlive.run.id'] = a.runId;
-        if (a.step !== null) attributes['outlive.step.key'] = a.step;
         if (a.limitKeys) attributes['outlive.limit.keys'] = [...a.limitKeys];
-        if (a.startLatencyMs !== null) attributes['outlive.start_latency_ms'] = a.startLatencyMs;
-        const link = parseTraceContext(a.link);
-        const span = tracer.startSpan(`process ${a.task}`, { kind: api.SpanKind.CONSUMER, attributes, ...(link ? { links: [{ context: link }] } : {}) }, within);
+        const span = tracer.startSpan(`process ${a.task}`, { kind: api.SpanKind.CONSUMER, attributes }, within);
         const active = api.trace.setSpan(within, span);
         return {
           run: <T>(fn: () => T): T => api.context.with(active, fn),
           end(e: AttemptEnd) {
             span.setAttribute('outlive.outcome', e.outcome);
+            const d = e.detail;
+            if (d?.step != null) span.setAttribute('outlive.step.key', d.step);
+            if (d?.startLatencyMs != null) span.setAttribute('outlive.start_latency_ms', d.startLatencyMs);
+            // Read beside the claim, so added once known: the attempt did not wait for it.
+            // Span.addLink came in API 1.9; on an older API the span goes without its link.
+            const link = parseTraceContext(d?.link ?? null);
+            if (link && typeof span.addLink === 'function') span.addLink({ context: link });
             if (e.error) {
               span.recordException({ name: e.error.name, message: e.error.message, ...(e.error.stack ? { stack: e.error.stack } : {}) });
               span.setStatus({ code: api.SpanStatusCode.ERROR, message: e.error.message });
             }
-            span.end();
+            span.end(e.endTime);
           },
         };
       },
@@ -219,13 +246,13 @@ export function openTelemetry(options: InstrumentOptions = {}): Telemetry {
     },
     startPass,
     attemptFinished(r: AttemptRecord) {
-      const attributes = { 'messaging.system': SYSTEM, 'messaging.destination.name': r.queue, 'outlive.task.name': r.task };
-      attempts.add(1, { ...attributes, 'outlive.outcome': r.outcome });
-      duration.record(r.durationMs / 1000, { ...attributes, 'outlive.outcome': r.outcome });
-      if (r.startLatencyMs !== null) startLatency.record(r.startLatencyMs / 1000, attributes);
+      const a = attributesOf(r);
+      a.count++;
+      duration.record(r.durationMs / 1000, a.withOutcome);
+      if (r.startLatencyMs !== null) startLatency.record(r.startLatencyMs / 1000, a.plain);
     },
     signalResumed(r: SignalRecord) {
-      resumeLatency.record(r.latencyMs / 1000, { 'messaging.system': SYSTEM, 'messaging.destination.name': r.queue });
+      resumeLatency.record(r.latencyMs / 1000, { 'messaging.destination.name': r.queue });
     },
     async flush() {
       await Promise.all([forceFlush(tracerProvider), forceFlush(meterProvider)]);

@@ -43,11 +43,18 @@ export interface AttemptInfo {
   queue: string;
   attempt: number;
   runId: string | null;
+  /** The limit keys it holds slots of. */
+  limitKeys: readonly string[] | null;
+}
+
+/**
+ * What the pass reads of an attempt's row beside the claim, off the path
+ * that starts it: known by the time the attempt's span ends.
+ */
+export interface AttemptDetail {
   step: string | null;
   /** The enqueue's trace context (`tasks.trace_context`), to link to; null for none. */
   link: string | null;
-  /** The limit keys it holds slots of. */
-  limitKeys: readonly string[] | null;
   /** Time from when it was due to its claim, in ms; null when not known (a step of a run). */
   startLatencyMs: number | null;
 }
@@ -56,6 +63,10 @@ export interface AttemptInfo {
 export interface AttemptEnd {
   outcome: AttemptOutcome;
   durationMs: number;
+  /** When it ended (ms since the epoch, as `performance.timeOrigin + performance.now()`): the span may end later. */
+  endTime: number;
+  /** Null when its row could not be read. */
+  detail: AttemptDetail | null;
   error?: TelemetryError;
 }
 
@@ -73,6 +84,12 @@ export interface SettleSpan {
 
 /** The span of one pass; the attempts and settles it makes are its children. */
 export interface PassSpan {
+  /**
+   * Whether anything records the pass's attempts (a sampled span, or
+   * metrics): when false the pass reads no trace contexts and starts no
+   * attempt spans, so an SDK-less app pays nothing per task.
+   */
+  readonly recording: boolean;
   startAttempt(info: AttemptInfo): AttemptSpan;
   startSettle(count: number): SettleSpan;
   /** Ends the pass with what it did, or the error it failed with. */

@@ -22,7 +22,7 @@ import { checkName } from '../model/checks.js';
 import { WAIT_TASK } from '../model/wait.js';
 import { beginWaits } from './wait.js';
 import { telemetry } from '../model/telemetry.js';
-import { errorOf, outcomeOf, readTraces, type TraceOf } from './trace.js';
+import { errorOf, outcomeOf, TraceReads } from './trace.js';
 
 /** Waits a pass claims at once when a claim found more due than it took. */
 const WAIT_BATCH = 500;
@@ -207,7 +207,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // trace contexts; without, these stay null and cost one check per task.
   const observer = telemetry();
   const passSpan = observer?.startPass({ owner, queues }) ?? null;
-  const traces = passSpan ? new Map<string, TraceOf>() : null;
+  const traces = passSpan?.recording ? new TraceReads(exec) : null;
 
   // Progress (a handler finishing, a settle landing) wakes the claim loop.
   let wake: (() => void) | null = null;
@@ -270,27 +270,23 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     const abort = leases.track(row.id);
     if (options.abort?.aborted) abort.abort(new HandBackError());
     const since = performance.now();
-    const trace = traces?.get(row.id);
-    if (traces) traces.delete(row.id);
-    const span = passSpan?.startAttempt({
+    const span = traces && passSpan!.startAttempt({
       id: row.id,
       task: row.name,
       queue: row.queue,
       attempt: row.attempts,
       runId: row.run_id,
-      step: trace?.step ?? null,
-      link: trace?.traceContext ?? null,
       limitKeys: row.limits ? row.limits.map((l) => l.k) : null,
-      startLatencyMs: trace?.startLatencyMs ?? null,
     });
     const run = () => execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat: leases.heartbeat, owner });
     void (span ? span.run(run) : run()).then((outcome) => {
       const took = performance.now() - since;
       if (span) {
-        const state = outcomeOf(outcome);
-        const error = errorOf(outcome);
-        span.end(error ? { outcome: state, durationMs: took, error } : { outcome: state, durationMs: took });
-        observer!.attemptFinished({ task: row.name, queue: row.queue, outcome: state, durationMs: took, startLatencyMs: trace?.startLatencyMs ?? null });
+        const end = { outcome: outcomeOf(outcome), durationMs: took, endTime: performance.timeOrigin + performance.now(), error: errorOf(outcome) };
+        traces!.after(row.id, (detail) => {
+          span.end({ ...end, detail: detail ?? null });
+          observer!.attemptFinished({ task: row.name, queue: row.queue, outcome: end.outcome, durationMs: took, startLatencyMs: detail?.startLatencyMs ?? null });
+        });
       }
       avgHandlerMs = avgHandlerMs === null ? took : avgHandlerMs * 0.8 + took * 0.2;
       leases.untrack(row.id);
@@ -337,7 +333,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   const buffer: { row: ClaimedTask; at: number }[] = [];
   const staleAfterMs = leaseGraceMs / 2;
   const handBack = (row: ClaimedTask) => {
-    traces?.delete(row.id);
+    traces?.forget(row.id);
     settler.push(handedBack(row));
   };
   // Handler time, smoothed: how fast buffered tasks will get a slot.
@@ -456,7 +452,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         });
         if (traces && rows.length > 0) {
           const ids = rows.flatMap((r) => (r.name === WAIT_TASK ? [] : [r.id]));
-          if (ids.length > 0) await readTraces(exec, ids, traces);
+          if (ids.length > 0) traces.read(ids);
         }
         const at = performance.now();
         const short = rows.length < limit;
@@ -498,6 +494,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   options.abort?.removeEventListener('abort', handBackAll);
   options.wakeups?.removeEventListener('wake', onWake);
   report.durationMs = Math.round(performance.now() - started);
+  await traces?.settled();
   passSpan?.end(report, dbError ?? undefined);
   if (dbError) {
     const err = toError(dbError);

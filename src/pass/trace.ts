@@ -1,20 +1,15 @@
 /**
  * What a traced pass reads about the tasks it claimed: the enqueue's trace
  * context to link each attempt to, its step, and how long it waited to
- * start. Read only when telemetry is registered (src/model/telemetry.ts),
+ * start. Read only when something records them (src/model/telemetry.ts),
  * one statement per claim, so the claim itself stays as it is.
  */
 import type { Executor } from '../db/executor.js';
-import type { AttemptOutcome, TelemetryError } from '../model/telemetry.js';
+import type { AttemptDetail, AttemptOutcome, TelemetryError } from '../model/telemetry.js';
 import type { Outcome } from './execute.js';
 
-/** One claimed task as its attempt's span needs it. */
-export interface TraceOf {
-  traceContext: string | null;
-  step: string | null;
-  /** From when it was due to its claim; null for a step of a run, whose due time is its release, not kept. */
-  startLatencyMs: number | null;
-}
+/** One claimed task as its attempt's span needs it. A step's start latency is null: its due time is its release, not kept. */
+export type TraceOf = AttemptDetail;
 
 // By primary key, rows the claim just wrote. Renamed with its text (see PLAIN in settle.ts).
 const TRACE_OF_SQL = `
@@ -22,14 +17,67 @@ SELECT id::text, trace_context, step,
        CASE WHEN run_id IS NULL THEN (extract(epoch FROM started_at OPERATOR(pg_catalog.-) run_at) OPERATOR(pg_catalog.*) 1000)::float8 END AS latency_ms
 FROM outlive.tasks WHERE id OPERATOR(pg_catalog.=) ANY ($1::bigint[])`;
 
-/** Reads the trace of each claimed task by id. Never rejects: an attempt with no trace read is traced without its link. */
-export async function readTraces(db: Executor, ids: readonly string[], into: Map<string, TraceOf>): Promise<void> {
+async function readTraces(db: Executor, ids: readonly string[]): Promise<Map<string, TraceOf>> {
+  const into = new Map<string, TraceOf>();
   try {
     const rows = await db.query<{ id: string; trace_context: string | null; step: string | null; latency_ms: number | null }>(TRACE_OF_SQL, [ids], 'outlive_trace_of_v1');
-    for (const r of rows) into.set(r.id, { traceContext: r.trace_context, step: r.step, startLatencyMs: r.latency_ms === null ? null : Math.max(0, r.latency_ms) });
+    for (const r of rows) into.set(r.id, { link: r.trace_context, step: r.step, startLatencyMs: r.latency_ms === null ? null : Math.max(0, r.latency_ms) });
   } catch {
-    // Telemetry never fails a pass.
+    // Telemetry never fails a pass: an attempt whose row was not read is traced without its link.
   }
+  return into;
+}
+
+/**
+ * The reads of one pass's claimed rows, in the background: an attempt
+ * starts as soon as it is claimed, and its span is ended once its row's
+ * read is in. Measured on a drain of no-op tasks, awaiting the read before
+ * starting the claimed tasks cost half the throughput (one more round trip
+ * per claim; docs/benchmarks.md, "Tracing").
+ */
+export class TraceReads {
+  private readonly byRow = new Map<string, ReadBatch>();
+  private readonly reading = new Set<Promise<void>>();
+
+  constructor(private readonly db: Executor) {}
+
+  /** Starts reading the rows of `ids`. */
+  read(ids: readonly string[]): void {
+    const batch: ReadBatch = { rows: null, waiting: [] };
+    for (const id of ids) this.byRow.set(id, batch);
+    const done = readTraces(this.db, ids).then((rows) => {
+      batch.rows = rows;
+      for (const [id, fn] of batch.waiting) fn(rows.get(id));
+      batch.waiting = [];
+      this.reading.delete(done);
+    });
+    this.reading.add(done);
+  }
+
+  /** Calls `fn` with the row's read (undefined if it was not read) once it is in, and forgets the row. */
+  after(id: string, fn: (trace: TraceOf | undefined) => void): void {
+    const batch = this.byRow.get(id);
+    this.byRow.delete(id);
+    if (!batch) fn(undefined);
+    else if (batch.rows) fn(batch.rows.get(id));
+    else batch.waiting.push([id, fn]);
+  }
+
+  /** Forgets a row handed back unstarted. */
+  forget(id: string): void {
+    this.byRow.delete(id);
+  }
+
+  /** Resolves when every read is in and every `after` has run. */
+  async settled(): Promise<void> {
+    while (this.reading.size > 0) await Promise.all(this.reading);
+  }
+}
+
+/** One claim's read: the rows once in, and who waits for them until then. */
+interface ReadBatch {
+  rows: Map<string, TraceOf> | null;
+  waiting: [string, (trace: TraceOf | undefined) => void][];
 }
 
 /** An outcome as telemetry names it. */
