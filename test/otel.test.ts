@@ -155,6 +155,25 @@ describe('outlive/otel', () => {
     expect(rows[0]!.trace_context).toBe(formatTraceContext(batch.spanContext()));
   });
 
+  it('stores the context on every insert path: a governed task, and debounce through outlive.enqueue_keyed', async () => {
+    const { spans } = traced();
+    const limited = defineTask({ name: 'otel.limited', input: z.object({ n: z.number() }), limits: [{ key: 'otel-api', concurrency: 1 }], run: () => 1 });
+    const governed = await enqueue(db.pool, limited, { n: 1 });
+    const first = await enqueue(db.pool, greet, { who: 'first' }, { key: 'k', keyMode: 'replace', delayMs: 60_000 });
+    const second = await enqueue(db.pool, greet, { who: 'second' }, { key: 'k', keyMode: 'replace', delayMs: 60_000 });
+    expect(second).toMatchObject({ id: first.id, replaced: true });
+    const sends = spans.getFinishedSpans().filter((s) => s.name.startsWith('send '));
+    const contextOf = async (id: string) => (await db.rows<{ trace_context: string }>('SELECT trace_context FROM outlive.tasks WHERE id = $1', [id]))[0]!.trace_context;
+    expect(await contextOf(governed.id)).toBe(formatTraceContext(sends[0]!.spanContext()));
+    // The row rewritten by the second enqueue links to it, the latest.
+    expect(await contextOf(first.id)).toBe(formatTraceContext(sends[2]!.spanContext()));
+    // Its attempt links to it, with its limit keys.
+    await tick(db.pool, { tasks: [limited], budgetMs: 20_000 });
+    const [process] = named(spans.getFinishedSpans(), 'process otel.limited');
+    expect(process!.attributes['outlive.limit.keys']).toEqual(['otel-api']);
+    expect(process!.links.map((l) => l.context.spanId)).toEqual([sends[0]!.spanContext().spanId]);
+  });
+
   it('records a failed attempt as an error on its span, and the attempts as metrics', async () => {
     const { spans, metrics, reader } = traced();
     await enqueue(db.pool, broken, {});
