@@ -5,7 +5,8 @@
  * through a BatchSpanProcessor to an exporter in memory (and metrics to a
  * reader). Throughput, and the process's CPU per task. Rounds are
  * interleaved, the order of the three rotating, so drift on a shared
- * machine falls on all of them alike; the medians go in docs/benchmarks.md.
+ * machine falls on all of them alike; the medians go in docs/benchmarks.md
+ * ("Tracing: what outlive/otel costs a drain").
  *
  *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run measure:tracing -- [tasks] [rounds] [noop|query]
  *
@@ -13,15 +14,25 @@
  */
 import pg from 'pg';
 import { z } from 'zod';
+import { context } from '@opentelemetry/api';
+import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 import { AggregationTemporality, InMemoryMetricExporter, MeterProvider, PeriodicExportingMetricReader } from '@opentelemetry/sdk-metrics';
-import { BasicTracerProvider, BatchSpanProcessor, type ReadableSpan, type SpanExporter } from '@opentelemetry/sdk-trace-base';
+import {
+  BasicTracerProvider,
+  BatchSpanProcessor,
+  ParentBasedSampler,
+  TraceIdRatioBasedSampler,
+  type ReadableSpan,
+  type SpanExporter,
+} from '@opentelemetry/sdk-trace-base';
 import { defineTask, enqueueMany, tick } from '../src/index.js';
 import { migrate } from '../src/node/index.js';
 import { instrument, type Instrumentation } from '../src/otel.js';
 import { scratchDatabase } from './local/scratch-db.js';
 
-// 'traces' and 'metrics' (the exporter's two halves alone) on request: MODES=none,traces,metrics.
-type Mode = 'none' | 'noop' | 'exporter' | 'traces' | 'metrics';
+// On request (MODES=none,traces,metrics,sampled): the exporter's two halves
+// alone, and the exporter with 1 pass in 10 sampled (a production setting).
+type Mode = 'none' | 'noop' | 'exporter' | 'traces' | 'metrics' | 'sampled';
 const MODES: Mode[] = process.env.MODES ? (process.env.MODES.split(',') as Mode[]) : ['none', 'noop', 'exporter'];
 
 /** What each task does: nothing (the drain's own cost, the worst case for any overhead per task), or one query, as a handler that writes something does. */
@@ -58,9 +69,15 @@ function register(mode: Mode): { exported(): number; flush(): Promise<void>; sto
     return { exported: () => 0, flush: () => i.flush(), stop: async () => i.uninstall() };
   }
   const spans = new DiscardingExporter();
-  const tracerProvider = new BasicTracerProvider({ spanProcessors: [new BatchSpanProcessor(spans)] });
+  const tracerProvider = new BasicTracerProvider({
+    spanProcessors: [new BatchSpanProcessor(spans)],
+    ...(mode === 'sampled' ? { sampler: new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(0.1) }) } : {}),
+  });
   const reader = new PeriodicExportingMetricReader({ exporter: new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE), exportIntervalMillis: 60_000 });
   const meterProvider = new MeterProvider({ readers: [reader] });
+  // As the Node SDK sets up: handlers run in their attempt's context through AsyncLocalStorage.
+  const contextManager = new AsyncLocalStorageContextManager().enable();
+  context.setGlobalContextManager(contextManager);
   const i: Instrumentation = instrument({
     ...(mode === 'metrics' ? {} : { tracerProvider }),
     ...(mode === 'traces' ? {} : { meterProvider }),
@@ -70,6 +87,7 @@ function register(mode: Mode): { exported(): number; flush(): Promise<void>; sto
     flush: () => i.flush(),
     stop: async () => {
       i.uninstall();
+      context.disable();
       await tracerProvider.shutdown();
       await meterProvider.shutdown();
     },
@@ -123,8 +141,8 @@ async function main(): Promise<void> {
     await migrate(scratch.url);
     // A warm-up round each, not counted: the JIT, the pool, the plans.
     for (const mode of MODES) await round(pool, mode, Math.min(tasks, 2_000));
-    const results: Record<Mode, number[]> = { none: [], noop: [], exporter: [], traces: [], metrics: [] };
-    const cpus: Record<Mode, number[]> = { none: [], noop: [], exporter: [], traces: [], metrics: [] };
+    const results: Record<Mode, number[]> = { none: [], noop: [], exporter: [], traces: [], metrics: [], sampled: [] };
+    const cpus: Record<Mode, number[]> = { none: [], noop: [], exporter: [], traces: [], metrics: [], sampled: [] };
     for (let r = 0; r < rounds; r++) {
       const order = MODES.map((_, i) => MODES[(i + r) % MODES.length]!);
       for (const mode of order) {
