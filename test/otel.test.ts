@@ -17,7 +17,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineTask, enqueue, enqueueMany, NonRetriableError, startRun, step, tick } from '../src/index.js';
 import { instrument, parseTraceContext, formatTraceContext, type Instrumentation } from '../src/otel.js';
-import { telemetry } from '../src/model/telemetry.js';
+import { setTelemetry, telemetry } from '../src/model/telemetry.js';
 import { createCronRoute } from '../src/http/vercel.js';
 import { freshDb } from './support/db.js';
 
@@ -252,6 +252,17 @@ describe('outlive/otel', () => {
     const report = await tick(db.pool, { tasks: [greet], budgetMs: 20_000 });
     expect(report.succeeded).toBe(1);
     expect(await db.rows('SELECT trace_context FROM outlive.tasks WHERE id = $1', [t.id])).toEqual([{ trace_context: null }]);
+  });
+
+  it('a pass outlives an observer that throws when an attempt ends', async () => {
+    const { installed: otel } = traced();
+    setTelemetry({ ...otel.telemetry, attemptFinished: () => { throw new Error('observer bug'); } });
+    try {
+      await enqueue(db.pool, greet, { who: 'x' });
+      expect((await tick(db.pool, { tasks: [greet], budgetMs: 20_000 })).succeeded).toBe(1);
+    } finally {
+      setTelemetry(null);
+    }
   });
 
   it('reads back what it stores, and refuses what is not a traceparent', () => {

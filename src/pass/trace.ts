@@ -47,7 +47,7 @@ export class TraceReads {
     for (const id of ids) this.byRow.set(id, batch);
     const done = readTraces(this.db, ids).then((rows) => {
       batch.rows = rows;
-      for (const [id, fn] of batch.waiting) fn(rows.get(id));
+      for (const [id, fn] of batch.waiting) call(fn, rows.get(id));
       batch.waiting = [];
       this.reading.delete(done);
     });
@@ -58,8 +58,8 @@ export class TraceReads {
   after(id: string, fn: (trace: TraceOf | undefined) => void): void {
     const batch = this.byRow.get(id);
     this.byRow.delete(id);
-    if (!batch) fn(undefined);
-    else if (batch.rows) fn(batch.rows.get(id));
+    if (!batch) call(fn, undefined);
+    else if (batch.rows) call(fn, batch.rows.get(id));
     else batch.waiting.push([id, fn]);
   }
 
@@ -71,6 +71,15 @@ export class TraceReads {
   /** Resolves when every read is in and every `after` has run. */
   async settled(): Promise<void> {
     while (this.reading.size > 0) await Promise.all(this.reading);
+  }
+}
+
+/** Calls an observer's callback: what it throws is its own, never the pass's. */
+function call(fn: (trace: TraceOf | undefined) => void, trace: TraceOf | undefined): void {
+  try {
+    fn(trace);
+  } catch {
+    // Telemetry never fails a pass.
   }
 }
 
