@@ -1,6 +1,6 @@
 /**
- * What tracing costs a drain: passes over N plain tasks (no-op, or one
- * query each), timed with no telemetry registered, with outlive/otel over
+ * What tracing costs a drain: passes over N plain tasks (no-op, one query
+ * each, or a 10 ms wait each), timed with no telemetry registered, with outlive/otel over
  * the API's no-op providers (no SDK), and with an SDK exporting every span
  * through a BatchSpanProcessor to an exporter in memory (and metrics to a
  * reader). Throughput, and the process's CPU per task. Rounds are
@@ -8,7 +8,7 @@
  * machine falls on all of them alike; the medians go in docs/benchmarks.md
  * ("Tracing: what outlive/otel costs a drain").
  *
- *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run measure:tracing -- [tasks] [rounds] [noop|query]
+ *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npm run measure:tracing -- [tasks] [rounds] [noop|query|sleep]
  *
  * It creates a scratch database beside DATABASE_URL's and drops it after.
  */
@@ -35,14 +35,23 @@ import { scratchDatabase } from './local/scratch-db.js';
 type Mode = 'none' | 'noop' | 'exporter' | 'traces' | 'metrics' | 'sampled';
 const MODES: Mode[] = process.env.MODES ? (process.env.MODES.split(',') as Mode[]) : ['none', 'noop', 'exporter'];
 
-/** What each task does: nothing (the drain's own cost, the worst case for any overhead per task), or one query, as a handler that writes something does. */
-type Work = 'noop' | 'query';
-const WORK: Work = process.argv[4] === 'query' ? 'query' : 'noop';
+/**
+ * What each task does: nothing (the drain's own cost, the worst case for any
+ * overhead per task), one query (as a handler that writes something), or
+ * waits 10 ms (a call to another service).
+ */
+type Work = 'noop' | 'query' | 'sleep';
+const WORK: Work = process.argv[4] === 'query' || process.argv[4] === 'sleep' ? process.argv[4] : 'noop';
+const RUN = {
+  noop: () => undefined,
+  query: async () => void (await appPool!.query('SELECT 1')),
+  sleep: () => new Promise<void>((resolve) => setTimeout(resolve, 10)),
+}[WORK];
 let appPool: pg.Pool | null = null;
 const noop = defineTask({
   name: 'measure.noop',
   input: z.object({ n: z.number() }),
-  run: WORK === 'noop' ? () => undefined : async () => void (await appPool!.query('SELECT 1')),
+  run: RUN,
 });
 
 /**
@@ -153,7 +162,7 @@ async function main(): Promise<void> {
       }
     }
     const base = median(results.none);
-    console.log(`\n${tasks} tasks (${WORK === 'noop' ? 'no-op' : 'one SELECT 1 each'}) per round, ${rounds} rounds, medians:`);
+    console.log(`\n${tasks} tasks (${{ noop: 'no-op', query: 'one SELECT 1 each', sleep: '10 ms wait each' }[WORK]}) per round, ${rounds} rounds, medians:`);
     for (const mode of MODES) {
       const m = median(results[mode]);
       const range = `${Math.min(...results[mode]).toFixed(0)}-${Math.max(...results[mode]).toFixed(0)}`;
