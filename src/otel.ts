@@ -42,7 +42,9 @@ export type {
   PassSpan,
   AttemptSpan,
   SettleSpan,
+  WaitsSpan,
   AttemptInfo,
+  AttemptDetail,
   AttemptEnd,
   AttemptRecord,
   AttemptOutcome,
@@ -213,6 +215,24 @@ export function openTelemetry(options: InstrumentOptions = {}): Telemetry {
             span.setAttribute('outlive.settled', settled);
             if (error !== undefined) recordError(span, error);
             span.end();
+          },
+        };
+      },
+      startWaits(w: { count: number; keys: readonly string[] }) {
+        const attributes: api.Attributes = {
+          'messaging.system': SYSTEM,
+          'messaging.operation.type': 'process',
+          'messaging.operation.name': 'process',
+          'messaging.batch.message_count': w.count,
+        };
+        // The first keys only: a storm of deadlines may begin 500 waits at once.
+        if (w.keys.length > 0) attributes['outlive.wait.keys'] = w.keys.slice(0, 20);
+        const waits = tracer.startSpan('process $wait', { kind: api.SpanKind.CONSUMER, attributes }, within);
+        return {
+          end(result: { parked: number; ended: number }, error?: unknown) {
+            waits.setAttributes({ 'outlive.wait.parked': result.parked, 'outlive.wait.ended': result.ended });
+            if (error !== undefined) recordError(waits, error);
+            waits.end();
           },
         };
       },

@@ -15,7 +15,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { defineTask, enqueue, enqueueMany, NonRetriableError, startRun, step, tick } from '../src/index.js';
+import { defineTask, enqueue, enqueueMany, NonRetriableError, sleepStep, startRun, step, tick, waitFor } from '../src/index.js';
 import { instrument, parseTraceContext, formatTraceContext, type Instrumentation } from '../src/otel.js';
 import { setTelemetry, telemetry } from '../src/model/telemetry.js';
 import { createCronRoute } from '../src/http/vercel.js';
@@ -252,6 +252,14 @@ describe('outlive/otel', () => {
     const report = await tick(db.pool, { tasks: [greet], budgetMs: 20_000 });
     expect(report.succeeded).toBe(1);
     expect(await db.rows('SELECT trace_context FROM outlive.tasks WHERE id = $1', [t.id])).toEqual([{ trace_context: null }]);
+  });
+
+  it('records the waits a pass begins, with their keys', async () => {
+    const { spans } = traced();
+    await startRun(db.pool, 'otel-waits', { w: waitFor('otel-key', { timeoutMs: 60_000 }), nap: sleepStep({ ms: 60_000 }) });
+    expect((await tick(db.pool, { tasks: [greet], budgetMs: 20_000 })).parked).toBe(2);
+    const [waits] = named(spans.getFinishedSpans(), 'process $wait');
+    expect(waits!.attributes).toMatchObject({ 'messaging.batch.message_count': 2, 'outlive.wait.keys': ['otel-key'], 'outlive.wait.parked': 2, 'outlive.wait.ended': 0 });
   });
 
   it('a pass outlives an observer that throws when an attempt ends', async () => {

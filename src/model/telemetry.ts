@@ -82,6 +82,12 @@ export interface SettleSpan {
   end(settled: number, error?: unknown): void;
 }
 
+/** The span of beginning a claim's waits. */
+export interface WaitsSpan {
+  /** `parked` waits until their signal or deadline, `ended` with a signal kept for them or at their deadline. */
+  end(result: { parked: number; ended: number }, error?: unknown): void;
+}
+
 /** The span of one pass; the attempts and settles it makes are its children. */
 export interface PassSpan {
   /**
@@ -92,6 +98,8 @@ export interface PassSpan {
   readonly recording: boolean;
   startAttempt(info: AttemptInfo): AttemptSpan;
   startSettle(count: number): SettleSpan;
+  /** The span of beginning one claim's waits (`waitFor`, `sleepStep`): `keys` are the signal keys among them. */
+  startWaits(info: { count: number; keys: readonly string[] }): WaitsSpan;
   /** Ends the pass with what it did, or the error it failed with. */
   end(report: { claimed: number; stoppedBy: string }, error?: unknown): void;
 }

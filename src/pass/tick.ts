@@ -22,7 +22,7 @@ import { checkName } from '../model/checks.js';
 import { WAIT_TASK } from '../model/wait.js';
 import { beginWaits } from './wait.js';
 import { telemetry } from '../model/telemetry.js';
-import { errorOf, outcomeOf, TraceReads } from './trace.js';
+import { errorOf, outcomeOf, TraceReads, waitKeys } from './trace.js';
 
 /** Waits a pass claims at once when a claim found more due than it took. */
 const WAIT_BATCH = 500;
@@ -309,7 +309,9 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     try {
       let rows = first;
       for (;;) {
+        const span = traces && passSpan!.startWaits({ count: rows.length, keys: waitKeys(rows) });
         const { outcomes, parked } = await beginWaits(exec, rows, owner, now);
+        span?.end({ parked, ended: outcomes.length });
         report.parked += parked;
         for (const outcome of outcomes) settler.push(outcome);
         progress();

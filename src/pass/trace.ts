@@ -7,6 +7,7 @@
 import type { Executor } from '../db/executor.js';
 import type { AttemptDetail, AttemptOutcome, TelemetryError } from '../model/telemetry.js';
 import type { Outcome } from './execute.js';
+import type { ClaimedTask } from './claim.js';
 
 /** One claimed task as its attempt's span needs it. A step's start latency is null: its due time is its release, not kept. */
 export type TraceOf = AttemptDetail;
@@ -87,6 +88,16 @@ function call(fn: (trace: TraceOf | undefined) => void, trace: TraceOf | undefin
 interface ReadBatch {
   rows: Map<string, TraceOf> | null;
   waiting: [string, (trace: TraceOf | undefined) => void][];
+}
+
+/** The signal keys of claimed waits (a sleep has none; a row whose input is not a wait's is left to beginWaits to fail). */
+export function waitKeys(rows: readonly ClaimedTask[]): string[] {
+  const keys: string[] = [];
+  for (const r of rows) {
+    const key = (r.input as { key?: unknown } | null)?.key;
+    if (typeof key === 'string') keys.push(key);
+  }
+  return keys;
 }
 
 /** An outcome as telemetry names it. */
