@@ -130,6 +130,7 @@ export interface Telemetry {
   startSend(info: SendInfo): SendSpan;
   startPass(info: { owner: string; queues: readonly string[] | null }): PassSpan;
   attemptFinished(record: AttemptRecord): void;
+  /** A wait resumed by its signal: the point for a signal-to-resume metric; the pass does not call it yet (it does not read when a signal was sent). */
   signalResumed(record: SignalRecord): void;
   /** Exports what is buffered; the platforms' routes await it in `waitUntil`. Never rejects. */
   flush(): Promise<void>;
