@@ -7,9 +7,9 @@ const SOURCE = 'outlive-source';
 
 export default defineConfig({
   resolve: { conditions: [SOURCE, ...defaultClientConditions] },
-  // Vitest hands these conditions to Node for the packages it does not
-  // transform; `module` (a bundler's condition) would give Node builds it
-  // cannot load, such as @opentelemetry/api's ESM with extensionless imports.
+  // Without `module`: OpenTelemetry's packages give under it an ESM build
+  // that Node cannot load (extensionless imports); Node's own resolution
+  // (`default`, their CommonJS build) is what an app on Node gets too.
   ssr: { resolve: { conditions: [SOURCE, ...defaultServerConditions.filter((c) => c !== 'module')], externalConditions: [SOURCE] } },
   test: {
     include: ['test/**/*.test.ts'],

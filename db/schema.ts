@@ -119,6 +119,13 @@ export const tasks = outlive.table(
     waitUntil: timestamp('wait_until', { withTimezone: true }),
     /** The signal that ended the wait, `{ id, payload }`, written by `outlive.send_signal` or when it parks. */
     signal: jsonb('signal'),
+    /**
+     * The W3C trace context of the enqueue that wrote it (`traceparent`, then
+     * a newline and `tracestate` if any), its attempts' spans link to; null
+     * when no telemetry was registered (src/model/telemetry.ts). A run's
+     * steps carry the run's, so a long run is many small traces.
+     */
+    traceContext: text('trace_context'),
   },
   (t) => [
     // The claim reads only this index: ready rows, in claim order. Finished
@@ -189,6 +196,7 @@ export const tasks = outlive.table(
     // Signals reach parked waits through this index (outlive.send_signal).
     index('tasks_wait_idx').on(t.waitKey).where(sql`${t.state} = 'pending' AND ${t.waitKey} IS NOT NULL`),
     check('tasks_wait_check', sql`${t.name} = '$wait' OR (${t.waitKey} IS NULL AND ${t.waitUntil} IS NULL AND ${t.signal} IS NULL)`),
+    check('tasks_trace_context_check', sql`pg_catalog.length(${t.traceContext}) <= 1024`),
     check('tasks_governed_check', sql`${t.fairKey} IS NOT NULL OR (${t.limits} IS NULL AND ${t.vt} IS NULL AND ${t.blockedOn} IS NULL)`),
   ],
 );

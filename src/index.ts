@@ -76,6 +76,25 @@ export { metricsSnapshot } from './admin/metrics.js';
 export type { MetricsSnapshot, MetricsOptions, QueueMetrics, DepthState, FinishedState, Quantiles } from './admin/metrics.js';
 export { prometheusText, PROMETHEUS_CONTENT_TYPE } from './admin/prometheus.js';
 
+// Observing it: the hook outlive/otel fills with OpenTelemetry, or an app's own observer.
+export { setTelemetry, telemetry } from './model/telemetry.js';
+export type {
+  Telemetry,
+  SendInfo,
+  SendSpan,
+  PassSpan,
+  AttemptSpan,
+  SettleSpan,
+  WaitsSpan,
+  AttemptInfo,
+  AttemptDetail,
+  AttemptEnd,
+  AttemptRecord,
+  AttemptOutcome,
+  SignalRecord,
+  TelemetryError,
+} from './model/telemetry.js';
+
 // Waking a drain endpoint right after enqueue.
 export { nudge, signNudge, verifyNudge, checkSecret, SIGNATURE_HEADER, DEFAULT_TOLERANCE_MS, MIN_SECRET_LENGTH } from './http/nudge.js';
 export type { NudgeOptions, NudgeResult, SignOptions, VerifyOptions, Verification, RejectReason } from './http/nudge.js';

@@ -225,6 +225,10 @@ describe('the packed package, installed in an app', { timeout: 240_000 }, () => 
     expect(Object.keys(pkg.dependencies)).toContain('@standard-schema/spec');
     // An app without drizzle-orm installs none.
     expect(existsSync(path.join(app, 'node_modules/drizzle-orm'))).toBe(false);
+    // Nor the OpenTelemetry API, which only outlive/otel imports: the Workers below run without it resolvable.
+    expect(pkg.peerDependenciesMeta['@opentelemetry/api']).toEqual({ optional: true });
+    expect(files).toContain('dist/src/otel/index.js');
+    expect(existsSync(path.join(app, 'node_modules/@opentelemetry/api'))).toBe(false);
   });
 
   it('loads every entry point in Node, and runs the CLI', async () => {
@@ -260,7 +264,7 @@ describe('the packed package, installed in an app', { timeout: 240_000 }, () => 
     writeFileSync(path.join(app, 'core.ts'), `export * from 'outlive';\n`);
     const result = await bundleForWorkerd(path.join(app, 'core.ts'));
     const inputs = Object.keys(result.metafile.inputs);
-    expect(inputs.filter((i) => /node_modules\/(pg|pg-[a-z-]+|pgpass)\//.test(i) || i.startsWith('node:'))).toEqual([]);
+    expect(inputs.filter((i) => /node_modules\/(pg|pg-[a-z-]+|pgpass|@opentelemetry\/[a-z-]+)\//.test(i) || i.startsWith('node:'))).toEqual([]);
     expect(result.errors).toEqual([]);
   });
 

@@ -401,7 +401,7 @@ describe('the functions outlive defines', () => {
       'outlive.claim(timestamp with time zone,integer,text[],integer,text,integer,integer,text[])',
       'outlive.claim_governed(timestamp with time zone,integer,text[],integer,text,integer,integer,text[],boolean)',
       'outlive.claim_tasks(timestamp with time zone,integer,text[],integer,text,integer,integer,text[],integer)',
-      'outlive.enqueue_keyed(text,text,integer,integer,integer,timestamp with time zone,text[],text[],text[],text[],boolean)',
+      'outlive.enqueue_keyed(text,text,integer,integer,integer,timestamp with time zone,text[],text[],text[],text[],boolean,text)',
       'outlive.fair_start(text,text)',
       'outlive.finish_runs(timestamp with time zone,bigint[],integer[],bigint[],text[])',
       'outlive.notify_ready()',

@@ -14,6 +14,7 @@ import { chooseDatabase, openInvocationPool, type DatabaseChoice, type Invocatio
 import type { TaskList } from '../model/task.js';
 import type { AnySchedule } from '../maintenance/schedule.js';
 import { PassError, tick, type TickReport } from '../pass/tick.js';
+import { telemetry } from '../model/telemetry.js';
 
 /** The environment the functions read (Worker bindings, or `process.env` on Vercel). */
 export interface FunctionsEnv {
@@ -91,7 +92,7 @@ export interface Invocation {
   log(event: string, fields?: Record<string, unknown>): void;
   /** Blanks out every secret of the environment in a text. */
   redact(text: string): string;
-  /** Waits for background work, then closes the pool. Never rejects. */
+  /** Waits for background work, flushes telemetry (if registered), then closes the pool. Never rejects. */
   close(): Promise<void>;
 }
 
@@ -243,6 +244,9 @@ export function openInvocation(env: FunctionsEnv, options: InvocationOptions): I
       closing ??= (async () => {
         // Background passes hold the pool until they are done.
         while (pending.length > 0) await Promise.all(pending.splice(0));
+        // Every route closes its invocation in the platform's waitUntil, so
+        // buffered spans and metrics are exported before the isolate is frozen.
+        await telemetry()?.flush();
         ending = true;
         try {
           await pool.end();

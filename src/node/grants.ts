@@ -45,7 +45,7 @@ export const TABLE_PRIVILEGES: Readonly<Record<string, Partial<Record<Kind, stri
     // taken key's row by name, key and state). Not state, attempts, lease,
     // output or errors: a row is written pending, as a task no one ran.
     app:
-      'INSERT (name, queue, priority, max_attempts, timeout_ms, run_at, input, key, run_id, step, waiting_on, fair_key, limits, vt), ' +
+      'INSERT (name, queue, priority, max_attempts, timeout_ms, run_at, input, key, run_id, step, waiting_on, fair_key, limits, vt, trace_context), ' +
       // fair_key and vt: the turn of a task with fairness (outlive.fair_start).
       'SELECT (id, name, queue, state, run_at, key, step, fair_key, vt)',
     worker: 'SELECT, INSERT, UPDATE, DELETE',
@@ -98,7 +98,7 @@ export const FUNCTION_CALLERS: Readonly<Record<string, readonly Kind[]>> = {
   'release_dependents(pg_catalog.int8[], pg_catalog.timestamptz)': ['worker'],
   'finish_runs(pg_catalog.timestamptz, pg_catalog.int8[], pg_catalog.int4[], pg_catalog.int8[], pg_catalog.text[])': ['worker'],
   'signal_lock(pg_catalog.text)': ['worker'],
-  'enqueue_keyed(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.int4, pg_catalog.timestamptz, pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.bool)': ['app', 'worker'],
+  'enqueue_keyed(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int4, pg_catalog.int4, pg_catalog.timestamptz, pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.bool, pg_catalog.text)': ['app', 'worker'],
 };
 
 const WHAT: Record<Kind, string> = {

@@ -61,10 +61,12 @@ ORDER BY id FOR UPDATE`;
 const INSERT_SPAWNS_SQL = `
 WITH ins AS (
   INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, state, last_error, finished_at,
-                             fair_key, limits)
+                             fair_key, limits, trace_context)
   SELECT $1, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, pg_catalog.now()), s.input::jsonb, s.waiting_on,
          s.state::outlive.task_state, s.last_error, CASE WHEN s.state OPERATOR(pg_catalog.=) 'skipped' THEN coalesce($2::timestamptz, pg_catalog.now()) END,
-         s.fair_key, s.limits::jsonb
+         s.fair_key, s.limits::jsonb,
+         -- The spawner's, which is its run's: spawned steps link to the run too.
+         (SELECT p.trace_context FROM outlive.tasks p WHERE p.id OPERATOR(pg_catalog.=) $21::bigint)
   FROM ROWS FROM (pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::int[]),
                   pg_catalog.unnest($7::int[]), pg_catalog.unnest($8::int[]), pg_catalog.unnest($9::timestamptz[]), pg_catalog.unnest($10::text[]),
                   pg_catalog.unnest($11::int[]), pg_catalog.unnest($12::text[]), pg_catalog.unnest($13::text[]),
@@ -150,6 +152,7 @@ export async function insertSpawns(db: Executor, runId: string, spawner: string,
     external.map((e) => e.step),
     unsure.map((s) => s.step),
     ...stepFlowColumns(steps),
+    spawner,
   ]);
   return steps.length - skipped.size;
 }

@@ -9,6 +9,7 @@
 import type { PoolLike } from '../db/executor.js';
 import type { Outcome } from './execute.js';
 import { settle, SettleIncompleteError, type SettledRow } from './settle.js';
+import type { PassSpan } from '../model/telemetry.js';
 
 /** What one settle of a batch did. */
 export interface SettledBatch {
@@ -37,6 +38,8 @@ export class Settler {
     private readonly settled: (batch: SettledBatch) => void,
     /** Called with a database error; the batch's rows keep their leases for recovery. */
     private readonly failed: (err: unknown) => void,
+    /** The pass's span, each settle a child of it; null when nothing is traced. */
+    private readonly trace: PassSpan | null = null,
   ) {}
 
   /** Outcomes pushed and not yet through a settle. */
@@ -62,6 +65,7 @@ export class Settler {
     this.flushing = (async () => {
       while (this.queue.length > 0) {
         const batch = this.queue.splice(0, this.queue.length);
+        const span = this.trace?.startSettle(batch.length);
         try {
           let rows: SettledRow[];
           let kept = 0;
@@ -75,8 +79,10 @@ export class Settler {
             kept = err.kept;
           }
           this.waiting -= batch.length;
+          span?.end(rows.length);
           this.settled({ rows, size: batch.length, kept, freedSlots: rows.length > 0 && batch.some((o) => o.governed) });
         } catch (err) {
+          span?.end(0, err);
           this.waiting -= batch.length;
           this.failed(err);
           this.settled({ rows: [], size: batch.length, kept: batch.length, freedSlots: false });

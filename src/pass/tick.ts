@@ -21,6 +21,8 @@ import { taskRegistry, type TaskList } from '../model/task.js';
 import { checkName } from '../model/checks.js';
 import { WAIT_TASK } from '../model/wait.js';
 import { beginWaits } from './wait.js';
+import { telemetry } from '../model/telemetry.js';
+import { errorOf, outcomeOf, TraceReads, waitKeys } from './trace.js';
 
 /** Waits a pass claims at once when a claim found more due than it took. */
 const WAIT_BATCH = 500;
@@ -201,6 +203,11 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     stoppedBy: 'drained',
   };
   let dbError: unknown = null;
+  // With telemetry registered, the pass is a span and reads each claim's
+  // trace contexts; without, these stay null and cost one check per task.
+  const observer = telemetry();
+  const passSpan = observer?.startPass({ owner, queues }) ?? null;
+  const traces = passSpan?.recording ? new TraceReads(exec) : null;
 
   // Progress (a handler finishing, a settle landing) wakes the claim loop.
   let wake: (() => void) | null = null;
@@ -244,6 +251,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     (err) => {
       dbError ??= err;
     },
+    passSpan,
   );
   const leases = new LeaseWatch(exec, { owner, now, leaseMs, leaseGraceMs }, leaseCheckMs);
 
@@ -262,8 +270,24 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     const abort = leases.track(row.id);
     if (options.abort?.aborted) abort.abort(new HandBackError());
     const since = performance.now();
-    void execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat: leases.heartbeat, owner }).then((outcome) => {
+    const span = traces && passSpan!.startAttempt({
+      id: row.id,
+      task: row.name,
+      queue: row.queue,
+      attempt: row.attempts,
+      runId: row.run_id,
+      limitKeys: row.limits ? row.limits.map((l) => l.k) : null,
+    });
+    const run = () => execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat: leases.heartbeat, owner });
+    void (span ? span.run(run) : run()).then((outcome) => {
       const took = performance.now() - since;
+      if (span) {
+        const end = { outcome: outcomeOf(outcome), durationMs: took, endTime: performance.timeOrigin + performance.now(), error: errorOf(outcome) };
+        traces!.after(row.id, (detail) => {
+          span.end({ ...end, detail: detail ?? null });
+          observer!.attemptFinished({ task: row.name, queue: row.queue, outcome: end.outcome, durationMs: took, startLatencyMs: detail?.startLatencyMs ?? null });
+        });
+      }
       avgHandlerMs = avgHandlerMs === null ? took : avgHandlerMs * 0.8 + took * 0.2;
       leases.untrack(row.id);
       running--;
@@ -285,7 +309,9 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     try {
       let rows = first;
       for (;;) {
+        const span = traces && passSpan!.startWaits({ count: rows.length, keys: waitKeys(rows) });
         const { outcomes, parked } = await beginWaits(exec, rows, owner, now);
+        span?.end({ parked, ended: outcomes.length });
         report.parked += parked;
         for (const outcome of outcomes) settler.push(outcome);
         progress();
@@ -308,7 +334,10 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   // Claimed rows wait here for a free slot, in claim order.
   const buffer: { row: ClaimedTask; at: number }[] = [];
   const staleAfterMs = leaseGraceMs / 2;
-  const handBack = (row: ClaimedTask) => settler.push(handedBack(row));
+  const handBack = (row: ClaimedTask) => {
+    traces?.forget(row.id);
+    settler.push(handedBack(row));
+  };
   // Handler time, smoothed: how fast buffered tasks will get a slot.
   let avgHandlerMs: number | null = null;
   const bufferLimit = () => {
@@ -423,6 +452,10 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
           now,
           governedLimit,
         });
+        if (traces && rows.length > 0) {
+          const ids = rows.flatMap((r) => (r.name === WAIT_TASK ? [] : [r.id]));
+          if (ids.length > 0) traces.read(ids);
+        }
         const at = performance.now();
         const short = rows.length < limit;
         let governed = 0;
@@ -463,6 +496,8 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
   options.abort?.removeEventListener('abort', handBackAll);
   options.wakeups?.removeEventListener('wake', onWake);
   report.durationMs = Math.round(performance.now() - started);
+  await traces?.settled();
+  passSpan?.end(report, dbError ?? undefined);
   if (dbError) {
     const err = toError(dbError);
     throw new PassError(`outlive: the pass ${owner} hit a database error: ${err.message}`, report, { cause: err });

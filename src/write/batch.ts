@@ -27,6 +27,7 @@
 import { INSERT_GOVERNED_TASKS, INSERT_TASKS, insertStatement, type EnqueuedTask } from './enqueue.js';
 import { OutliveError } from '../model/errors.js';
 import { fail, prepareRow, type EnqueueOptions } from '../model/row.js';
+import { telemetry } from '../model/telemetry.js';
 import { toStatementSql, type StatementSql } from '../db/executor.js';
 import type { AnyTask, TaskInput } from '../model/task.js';
 import type { TaskState } from '../model/states.js';
@@ -63,7 +64,10 @@ const BATCH_ENQUEUE_SQL = new Map([INSERT_TASKS, INSERT_GOVERNED_TASKS].map((ins
 export function enqueueSql<T extends AnyTask>(task: T, input: TaskInput<T>, options: EnqueueOptions = {}): StatementSql {
   const row = prepareRow(task, input, options.key === undefined ? null : { key: options.key }, options);
   if (row.options.keyMode !== 'dedupe') fail(task, `keyMode '${row.options.keyMode}' works with enqueue and enqueueMany, not in a batch`);
-  const { text, values } = insertStatement(row.options, [row.input], [row.key], [row.flow]);
+  // The batch is sent later, by the app: the span marks the row's creation.
+  const span = telemetry()?.startSend({ task: row.options.name, queue: row.options.queue, count: 1 }) ?? null;
+  const { text, values } = insertStatement(row.options, [row.input], [row.key], [row.flow], span?.context ?? null);
+  span?.end();
   return toStatementSql(BATCH_ENQUEUE_SQL.get(text)!, values);
 }
 

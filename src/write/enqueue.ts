@@ -11,6 +11,7 @@ import type { RowFlow } from '../model/limits.js';
 import type { AnyTask, TaskInput } from '../model/task.js';
 import type { TaskState } from '../model/states.js';
 import { OutliveError } from '../model/errors.js';
+import { withSendSpan } from '../model/telemetry.js';
 
 /** The row an enqueue wrote, or found under the same key. */
 export interface EnqueuedTask {
@@ -28,10 +29,17 @@ export interface EnqueuedTask {
 /**
  * The statement and parameters that insert rows sharing one set of options:
  * INSERT_TASKS, or INSERT_GOVERNED_TASKS for a task with flow control
- * (`flows`, one per row).
+ * (`flows`, one per row). `trace` is the enqueue's trace context, null
+ * without telemetry.
  */
-export function insertStatement(p: Prepared, inputs: readonly string[], keys: readonly (string | null)[], flows: readonly (RowFlow | null)[] | null): { text: string; values: unknown[] } {
-  const values = [p.name, p.queue, p.priority, p.maxAttempts, p.timeoutMs, p.runAt, p.delayMs, inputs, keys];
+export function insertStatement(
+  p: Prepared,
+  inputs: readonly string[],
+  keys: readonly (string | null)[],
+  flows: readonly (RowFlow | null)[] | null,
+  trace: string | null,
+): { text: string; values: unknown[] } {
+  const values = [p.name, p.queue, p.priority, p.maxAttempts, p.timeoutMs, p.runAt, p.delayMs, inputs, keys, trace];
   if (!flows || flows.every((f) => f === null)) return { text: INSERT_TASKS, values };
   return { text: INSERT_GOVERNED_TASKS, values: [...values, flows.map((f) => f?.fairKey ?? ''), flows.map((f) => f?.limits ?? null)] };
 }
@@ -56,9 +64,9 @@ export function insertStatement(p: Prepared, inputs: readonly string[], keys: re
 // tasks as jsonb[], 8.1-8.3 as text[] (three pairs). The other statements
 // that take JSON in arrays (runs, spawns, settles) do the same.
 export const INSERT_TASKS = `
-INSERT INTO outlive.tasks AS t (name, queue, priority, max_attempts, timeout_ms, run_at, input, key)
+INSERT INTO outlive.tasks AS t (name, queue, priority, max_attempts, timeout_ms, run_at, input, key, trace_context)
 SELECT $1, $2, $3, $4, $5, coalesce($6::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+) ($7::float8 OPERATOR(pg_catalog.*) interval '1 millisecond'),
-       i.input::jsonb, i.key
+       i.input::jsonb, i.key, $10::text
 FROM ROWS FROM (pg_catalog.unnest($8::text[]), pg_catalog.unnest($9::text[])) AS i(input, key)
 ON CONFLICT (name, key) WHERE key IS NOT NULL AND state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])
 DO NOTHING
@@ -74,15 +82,16 @@ export const INSERT_GOVERNED_TASKS = `
 WITH i AS (
   SELECT i.input, i.key, i.fair_key, i.limits, i.ord,
          coalesce($6::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+) ($7::float8 OPERATOR(pg_catalog.*) interval '1 millisecond') AS run_at
-  FROM ROWS FROM (pg_catalog.unnest($8::text[]), pg_catalog.unnest($9::text[]), pg_catalog.unnest($10::text[]), pg_catalog.unnest($11::text[]))
+  FROM ROWS FROM (pg_catalog.unnest($8::text[]), pg_catalog.unnest($9::text[]), pg_catalog.unnest($11::text[]), pg_catalog.unnest($12::text[]))
        WITH ORDINALITY AS i(input, key, fair_key, limits, ord)
 ), turn AS (
   SELECT g.fair_key, b.base, b.step FROM (SELECT DISTINCT fair_key FROM i) g, LATERAL outlive.fair_start($2, g.fair_key) b
 )
-INSERT INTO outlive.tasks AS t (name, queue, priority, max_attempts, timeout_ms, run_at, input, key, fair_key, limits, vt)
+INSERT INTO outlive.tasks AS t (name, queue, priority, max_attempts, timeout_ms, run_at, input, key, fair_key, limits, vt, trace_context)
 SELECT $1, $2, $3, $4, $5, i.run_at, i.input::jsonb, i.key, i.fair_key, i.limits::jsonb,
        CASE WHEN i.run_at OPERATOR(pg_catalog.<=) pg_catalog.now()
-            THEN turn.base OPERATOR(pg_catalog.+) ((pg_catalog.row_number() OVER (PARTITION BY i.fair_key ORDER BY i.ord) OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) turn.step) END
+            THEN turn.base OPERATOR(pg_catalog.+) ((pg_catalog.row_number() OVER (PARTITION BY i.fair_key ORDER BY i.ord) OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog.*) turn.step) END,
+       $10::text
 FROM i JOIN turn ON turn.fair_key OPERATOR(pg_catalog.=) i.fair_key
 ORDER BY i.ord
 ON CONFLICT (name, key) WHERE key IS NOT NULL AND state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[])
@@ -94,7 +103,7 @@ RETURNING id::text, queue, state::text, run_at, key`;
 const ENQUEUE_KEYED_SQL = `
 SELECT * FROM outlive.enqueue_keyed($1, $2, $3, $4, $5,
   coalesce($6::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.+) ($7::float8 OPERATOR(pg_catalog.*) interval '1 millisecond'),
-  $8, $9, $10, $11, $12)`;
+  $8, $9, $10, $11, $12, $13)`;
 
 // The unfinished rows of keys INSERT_TASKS skipped. A statement of its own:
 // in READ COMMITTED a row that another transaction committed while the
@@ -124,22 +133,27 @@ function toTask(p: Prepared, r: WrittenRow, deduplicated: boolean): EnqueuedTask
 }
 
 /**
- * Writes the rows (keys distinct), returning one task per row in order. The
- * common case, no key or no key taken, is the one INSERT_TASKS statement.
+ * Writes the rows (keys distinct) in the producer span of the enqueue,
+ * returning one task per row in order. The common case, no key or no key
+ * taken, is the one INSERT_TASKS statement.
  */
-async function insertRows(tx: Transactional, p: Prepared, inputs: string[], keys: (string | null)[], flows: (RowFlow | null)[]): Promise<EnqueuedTask[]> {
+function insertRows(tx: Transactional, p: Prepared, inputs: string[], keys: (string | null)[], flows: (RowFlow | null)[]): Promise<EnqueuedTask[]> {
+  return withSendSpan({ task: p.name, queue: p.queue, count: inputs.length }, (trace) => writeRows(tx, p, inputs, keys, flows, trace));
+}
+
+async function writeRows(tx: Transactional, p: Prepared, inputs: string[], keys: (string | null)[], flows: (RowFlow | null)[], trace: string | null): Promise<EnqueuedTask[]> {
   const db = toExecutor(tx);
   if (p.keyMode !== 'dedupe') {
     const rows = await db.query<WrittenRow & { replaced: boolean }>(ENQUEUE_KEYED_SQL, [
       p.name, p.queue, p.priority, p.maxAttempts, p.timeoutMs, p.runAt, p.delayMs, inputs, keys,
-      flows.map((f) => f?.fairKey ?? null), flows.map((f) => f?.limits ?? null), p.keyMode === 'preserve_run_at',
+      flows.map((f) => f?.fairKey ?? null), flows.map((f) => f?.limits ?? null), p.keyMode === 'preserve_run_at', trace,
     ]);
     return rows.map((r) => ({ ...toTask(p, r, r.replaced), replaced: r.replaced }));
   }
   const insert = (at: readonly number[] | null) => {
     const { text, values } = at
-      ? insertStatement(p, at.map((i) => inputs[i]!), at.map((i) => keys[i]!), at.map((i) => flows[i]!))
-      : insertStatement(p, inputs, keys, flows);
+      ? insertStatement(p, at.map((i) => inputs[i]!), at.map((i) => keys[i]!), at.map((i) => flows[i]!), trace)
+      : insertStatement(p, inputs, keys, flows, trace);
     return db.query<WrittenRow>(text, values);
   };
   const written = await insert(null);

@@ -5,7 +5,8 @@
  */
 import { toExecutor, type Transactional } from '../db/executor.js';
 import { checkStepName } from '../model/graph.js';
-import { prepareGraph, stepColumns, stepEdges, stepFlowColumns, type Step } from '../model/step.js';
+import { prepareGraph, stepColumns, stepEdges, stepFlowColumns, type PreparedStep, type Step } from '../model/step.js';
+import { withSendSpan } from '../model/telemetry.js';
 
 // The run, its tasks and their edges in one statement, so startRun is atomic
 // even when given a pool instead of a transaction. A task's waiting_on starts
@@ -23,9 +24,9 @@ const START_RUN_SQL = `
 WITH run AS (
   INSERT INTO outlive.runs (name, unfinished) VALUES ($1, $2) RETURNING id
 ), ins AS (
-  INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, fair_key, limits)
+  INSERT INTO outlive.tasks (run_id, step, name, queue, priority, max_attempts, timeout_ms, run_at, input, waiting_on, fair_key, limits, trace_context)
   SELECT run.id, s.step, s.name, s.queue, s.priority, s.max_attempts, s.timeout_ms, coalesce(s.run_at, pg_catalog.now()), s.input::jsonb, s.waiting_on,
-         s.fair_key, s.limits::jsonb
+         s.fair_key, s.limits::jsonb, $16::text
   FROM run, ROWS FROM (pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::int[]),
                        pg_catalog.unnest($7::int[]), pg_catalog.unnest($8::int[]), pg_catalog.unnest($9::timestamptz[]), pg_catalog.unnest($10::text[]),
                        pg_catalog.unnest($11::int[]), pg_catalog.unnest($14::text[]), pg_catalog.unnest($15::text[]))
@@ -62,18 +63,22 @@ export interface StartedRun {
  * and writes nothing.
  */
 export async function startRun(tx: Transactional, name: string, steps: Record<string, Step>): Promise<StartedRun> {
-  const { text, values } = startRunStatement(name, steps);
-  const rows = await toExecutor(tx).query<{ run_id: string; id: string; step: string }>(text, values);
+  checkStepName(name, 'startRun: run name');
+  const prepared = prepareGraph(`startRun "${name}"`, steps);
+  // Every step links to the run's one send span: many small traces, not one of the whole run.
+  const rows = await withSendSpan({ task: name, queue: prepared[0]!.queue, count: prepared.length, run: name }, (trace) =>
+    toExecutor(tx).query<{ run_id: string; id: string; step: string }>(START_RUN_SQL, startRunValues(name, prepared, trace)),
+  );
   return { id: rows[0]!.run_id, tasks: Object.fromEntries(rows.map((r) => [r.step, r.id])) };
 }
 
 /** The one statement that writes a run: checks the graph and throws before anything is sent. */
 export function startRunStatement(name: string, steps: Record<string, Step>): { text: string; values: unknown[] } {
   checkStepName(name, 'startRun: run name');
-  const prepared = prepareGraph(`startRun "${name}"`, steps);
+  return { text: START_RUN_SQL, values: startRunValues(name, prepareGraph(`startRun "${name}"`, steps), null) };
+}
+
+function startRunValues(name: string, prepared: PreparedStep[], trace: string | null): unknown[] {
   const { children, parents } = stepEdges(prepared);
-  return {
-    text: START_RUN_SQL,
-    values: [name, prepared.length, ...stepColumns(prepared), prepared.map((p) => p.after.length), children, parents, ...stepFlowColumns(prepared)],
-  };
+  return [name, prepared.length, ...stepColumns(prepared), prepared.map((p) => p.after.length), children, parents, ...stepFlowColumns(prepared), trace];
 }

@@ -1,0 +1,174 @@
+/**
+ * Telemetry: the points where outlive tells an observer what it does (an
+ * enqueue, a pass, an attempt, a settle), and the one holder of that
+ * observer. The core never imports an OpenTelemetry package: `outlive/otel`
+ * (src/otel/instrument.ts) implements this interface with `@opentelemetry/api`, so an
+ * app without it installed, or a Worker bundled without it, imports outlive
+ * unchanged. With no observer registered every point is one null check.
+ */
+
+/** How an attempt ended, as the settle will write it. */
+export type AttemptOutcome = 'succeeded' | 'retried' | 'failed' | 'snoozed' | 'released';
+
+/** An error as a span records it. */
+export interface TelemetryError {
+  name: string;
+  message: string;
+  stack?: string;
+}
+
+/** The producer span of one enqueue (of one row or many of one task). */
+export interface SendSpan {
+  /** The span's W3C trace context as the rows store it (`tasks.trace_context`); null when nothing is recording. */
+  readonly context: string | null;
+  /** Ends the span; with the error that made the enqueue fail, if one did. */
+  end(error?: unknown): void;
+}
+
+/** What an enqueue writes: one task's rows, or a run's steps. */
+export interface SendInfo {
+  /** The task's name, or for a run its name. */
+  task: string;
+  queue: string;
+  /** Rows written by this one statement. */
+  count: number;
+  /** Set for a run's steps. */
+  run?: string;
+}
+
+/** One attempt as the pass starts it. */
+export interface AttemptInfo {
+  id: string;
+  task: string;
+  queue: string;
+  attempt: number;
+  runId: string | null;
+  /** The limit keys it holds slots of. */
+  limitKeys: readonly string[] | null;
+}
+
+/**
+ * What the pass reads of an attempt's row beside the claim, off the path
+ * that starts it: known by the time the attempt's span ends.
+ */
+export interface AttemptDetail {
+  step: string | null;
+  /** The enqueue's trace context (`tasks.trace_context`), to link to; null for none. */
+  link: string | null;
+  /** Time from when it was due to its claim, in ms; null when not known (a step of a run). */
+  startLatencyMs: number | null;
+}
+
+/** How one attempt ended. */
+export interface AttemptEnd {
+  outcome: AttemptOutcome;
+  durationMs: number;
+  /** When it ended (ms since the epoch, as `performance.timeOrigin + performance.now()`): the span may end later. */
+  endTime: number;
+  /** Null when its row could not be read. */
+  detail: AttemptDetail | null;
+  error?: TelemetryError;
+}
+
+/** The consumer span of one attempt. */
+export interface AttemptSpan {
+  /** Runs the handler with this span as the active context, so what it traces nests under it. */
+  run<T>(fn: () => T): T;
+  end(end: AttemptEnd): void;
+}
+
+/** The settle span of one batch of outcomes. */
+export interface SettleSpan {
+  end(settled: number, error?: unknown): void;
+}
+
+/** The span of beginning a claim's waits. */
+export interface WaitsSpan {
+  /** `parked` waits until their signal or deadline, `ended` with a signal kept for them or at their deadline. */
+  end(result: { parked: number; ended: number }, error?: unknown): void;
+}
+
+/** The span of one pass; the attempts and settles it makes are its children. */
+export interface PassSpan {
+  /**
+   * Whether anything records the pass's attempts (a sampled span, or
+   * metrics): when false the pass reads no trace contexts and starts no
+   * attempt spans, so an SDK-less app pays nothing per task.
+   */
+  readonly recording: boolean;
+  startAttempt(info: AttemptInfo): AttemptSpan;
+  startSettle(count: number): SettleSpan;
+  /** The span of beginning one claim's waits (`waitFor`, `sleepStep`): `keys` are the signal keys among them. */
+  startWaits(info: { count: number; keys: readonly string[] }): WaitsSpan;
+  /** Ends the pass with what it did, or the error it failed with. */
+  end(report: { claimed: number; stoppedBy: string }, error?: unknown): void;
+}
+
+/** A metric point: an attempt finished. */
+export interface AttemptRecord {
+  task: string;
+  queue: string;
+  outcome: AttemptOutcome;
+  durationMs: number;
+  /** Time from when it was due to its claim, in ms; null when not known. */
+  startLatencyMs: number | null;
+}
+
+/** A metric point: a wait resumed by its signal. */
+export interface SignalRecord {
+  queue: string;
+  /** From the signal to the wait's end, in ms. */
+  latencyMs: number;
+}
+
+/**
+ * An observer of outlive: spans and metric points. `outlive/otel`'s
+ * `instrument()` registers one made with OpenTelemetry; an app may register
+ * its own with {@link setTelemetry}.
+ */
+export interface Telemetry {
+  startSend(info: SendInfo): SendSpan;
+  startPass(info: { owner: string; queues: readonly string[] | null }): PassSpan;
+  attemptFinished(record: AttemptRecord): void;
+  /** A wait resumed by its signal: the point for a signal-to-resume metric; the pass does not call it yet (it does not read when a signal was sent). */
+  signalResumed(record: SignalRecord): void;
+  /** Exports what is buffered; the platforms' routes await it in `waitUntil`. Never rejects. */
+  flush(): Promise<void>;
+}
+
+let current: Telemetry | null = null;
+
+/** The registered observer, or null: callers check it once per point. */
+export function telemetry(): Telemetry | null {
+  return current;
+}
+
+/** Registers an observer (null removes it); returns the one it replaced. */
+export function setTelemetry(next: Telemetry | null): Telemetry | null {
+  const previous = current;
+  current = next;
+  return previous;
+}
+
+/** Longest trace context a row stores: a traceparent (55) and a tracestate (at most 512 by W3C), with room to spare. */
+export const MAX_TRACE_CONTEXT = 1024;
+
+/**
+ * Writes rows inside the producer span of their enqueue: `write` gets the
+ * span's trace context to store (null with no observer, and then nothing
+ * else is done).
+ */
+export async function withSendSpan<R>(info: SendInfo, write: (context: string | null) => Promise<R>): Promise<R> {
+  const t = current;
+  if (t === null) return write(null);
+  const span = t.startSend(info);
+  let result: R;
+  try {
+    result = await write(span.context);
+  } catch (err) {
+    span.end(err);
+    throw err;
+  }
+  span.end();
+  return result;
+}
