@@ -7,6 +7,7 @@
  * commit (docs/benchmarks.md, "What moved it: settles batched by turn").
  */
 import type { PoolLike } from '../db/executor.js';
+import type { Redact } from '../model/redact.js';
 import type { Outcome } from './execute.js';
 import { settle, SettleIncompleteError, type SettledRow } from './settle.js';
 
@@ -37,6 +38,8 @@ export class Settler {
     private readonly settled: (batch: SettledBatch) => void,
     /** Called with a database error; the batch's rows keep their leases for recovery. */
     private readonly failed: (err: unknown) => void,
+    /** Blanks the deployment's secrets out of the errors the rows keep. */
+    private readonly redact?: Redact,
   ) {}
 
   /** Outcomes pushed and not yet through a settle. */
@@ -66,7 +69,7 @@ export class Settler {
           let rows: SettledRow[];
           let kept = 0;
           try {
-            rows = await settle(this.pool, this.owner, batch, this.now);
+            rows = await settle(this.pool, this.owner, batch, this.now, this.redact);
           } catch (err) {
             // What landed is counted; the rest keep their leases for recovery.
             if (!(err instanceof SettleIncompleteError)) throw err;

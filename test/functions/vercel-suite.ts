@@ -10,9 +10,12 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Cron } from 'croner';
+import { z } from 'zod';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { enqueue } from '../../src/write/enqueue.js';
 import { defineSchedule } from '../../src/maintenance/schedule.js';
+import { defineTask } from '../../src/model/task.js';
+import { NonRetriableError } from '../../src/model/errors.js';
 import { nudge, signNudge, SIGNATURE_HEADER } from '../../src/http/nudge.js';
 import { createCronRoute, createDrainRoute, VERCEL_MAX_DURATION_S, vercelBudgetMs } from '../../src/http/vercel.js';
 import type { FunctionsEnv } from '../../src/http/invocation.js';
@@ -520,6 +523,36 @@ export async function vercelSuite(driver: DriverName): Promise<void> {
   });
 
   describe('secrets', () => {
+    it('are blanked out of the errors a drained task stores in its row, as they are in the log', async () => {
+      const DASHBOARD_TOKEN = `dash-${crypto.randomUUID()}`;
+      const leaky = defineTask({
+        name: 'fn-leaky',
+        input: z.object({}),
+        timeoutMs: 1_000,
+        retry: { maxAttempts: 2 },
+        async run(_input, ctx) {
+          // What a careless handler throws: the settings it failed with.
+          const err = new Error(`connect ${databaseUrl} as ${password} failed; token ${DASHBOARD_TOKEN}`);
+          if (ctx.attempt === 2) throw new NonRetriableError(err.message);
+          throw err;
+        },
+      });
+      const route = createDrainRoute(() => [leaky], { env: { ...env, OUTLIVE_DASHBOARD_TOKEN: DASHBOARD_TOKEN }, write });
+      const t = await enqueue(db.pool, leaky, {});
+      for (let attempt = 1; attempt <= 2; attempt++) {
+        await db.pool.query('UPDATE outlive.tasks SET run_at = now() WHERE id = $1', [t.id]);
+        const res = await call(route, await drainRequest());
+        expect(res.status, JSON.stringify([res.json, lines.slice(-3)])).toBe(200);
+      }
+      const { rows } = await db.pool.query<{ state: string; last_error: string; errors: unknown }>(
+        'SELECT state, last_error, errors FROM outlive.tasks WHERE id = $1', [t.id],
+      );
+      expect(rows[0]).toMatchObject({ state: 'failed', last_error: 'connect [redacted] as [redacted] failed; token [redacted]' });
+      const stored = JSON.stringify(rows[0]);
+      expect(stored).toContain('[redacted]');
+      for (const secret of [password, databaseUrl, DASHBOARD_TOKEN]) expect(stored.includes(secret)).toBe(false);
+    });
+
     it('never appear in a response or a log line', async () => {
       const broken = new URL(databaseUrl);
       broken.pathname = '/no_such_database';
