@@ -47,7 +47,7 @@ const target = new URL(db.url);
 const proxy = await startWsProxy(`${target.hostname}:${target.port || 5432}`);
 afterAll(() => proxy.close());
 const SECRET = 'a'.repeat(16) + crypto.randomUUID().replace(/-/g, '');
-const env: FunctionsEnv = { DATABASE_URL: databaseUrl, NEON_WS_PROXY: proxy.address, OUTLIVE_DRAIN_SECRET: SECRET, CRON_SECRET: `cron-${crypto.randomUUID()}`, OUTLIVE_BUDGET_MS: '20000' };
+const env: FunctionsEnv = { DATABASE_URL: databaseUrl, NEON_WS_PROXY: proxy.address, OUTLIVE_DRAIN_SECRET: SECRET, OUTLIVE_DRAIN_URL: 'https://app.example/api/drain', CRON_SECRET: `cron-${crypto.randomUUID()}`, OUTLIVE_BUDGET_MS: '20000' };
 const POST = createDrainRoute(() => [job], { env, write: (l) => logLines.push(l) });
 const logLines: string[] = [];
 const DRAIN_BODY = JSON.stringify({ queues: ['drain-only'] });

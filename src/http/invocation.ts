@@ -86,6 +86,14 @@ export interface Invocation {
   readonly schedules: readonly AnySchedule[];
   readonly budgetMs: number;
   readonly concurrency: number | undefined;
+  /**
+   * True where the platform routes requests by their host (Cloudflare
+   * Workers; Vercel, deployed), so a request's URL names this deployment. A
+   * self-hosted server builds it from the client's Host header, which may
+   * name another deployment: its drain and signal endpoints must be
+   * configured (`OUTLIVE_DRAIN_URL`, `OUTLIVE_SIGNAL_URL`).
+   */
+  readonly routedByHost: boolean;
   /** Continues work after the response (Workers' `ctx.waitUntil`), where the platform allows; else null. */
   readonly background: ((work: Promise<unknown>) => void) | null;
   /** Writes one structured log line, with every secret of the environment blanked out. */
@@ -120,6 +128,8 @@ export interface InvocationOptions {
   waitUntil?: (work: Promise<unknown>) => void;
   /** What the runtime has: `src/db/connect.ts` picks the driver from it. */
   runtime: Runtime;
+  /** Whether the platform routes requests by host, so their URL can be trusted (see {@link Invocation.routedByHost}). */
+  routedByHost: boolean;
   /** For the Neon driver on runtimes without a global WebSocket (Node before 22). */
   webSocketConstructor?: unknown;
   /** Where log lines go. Default `console.log`. */
@@ -214,6 +224,7 @@ export function openInvocation(env: FunctionsEnv, options: InvocationOptions): I
     schedules,
     budgetMs,
     concurrency,
+    routedByHost: options.routedByHost,
     background,
     log,
     redact,

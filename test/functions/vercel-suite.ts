@@ -51,8 +51,12 @@ export async function vercelSuite(driver: DriverName): Promise<void> {
 
   const SECRET = Array.from(crypto.getRandomValues(new Uint8Array(32)), (b) => b.toString(16).padStart(2, '0')).join('');
   const CRON_SECRET = `cron-${crypto.randomUUID()}`;
+  /** Where the tests' drain requests arrive: the endpoint their signatures are for. */
+  const DRAIN_URL = 'https://app.example/api/drain';
   const env: FunctionsEnv = {
     DATABASE_URL: databaseUrl,
+    // Off Vercel (no VERCEL=1) the request's Host is the client's: the drain must be told its URL.
+    OUTLIVE_DRAIN_URL: DRAIN_URL,
     ...(wsProxy ? { NEON_WS_PROXY: wsProxy.address } : {}),
     OUTLIVE_DRAIN_SECRET: SECRET,
     CRON_SECRET,
@@ -101,9 +105,6 @@ export async function vercelSuite(driver: DriverName): Promise<void> {
 
   const cronRequest = (authorization?: string) =>
     new Request('https://app.example/api/cron', { headers: authorization ? { authorization } : {} });
-
-  /** Where the tests' drain requests arrive: the endpoint their signatures are for. */
-  const DRAIN_URL = 'https://app.example/api/drain';
 
   async function drainRequest(body = '', signature?: string, headers: Record<string, string> = {}) {
     return new Request(DRAIN_URL, {
@@ -367,7 +368,9 @@ export async function vercelSuite(driver: DriverName): Promise<void> {
     afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
     const drainUrl = async () => {
       await listening;
-      return `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/drain`;
+      const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/drain`;
+      env.OUTLIVE_DRAIN_URL = `${DRAIN_URL},${url}`;
+      return url;
     };
 
     it('is signed and sent after commit; the task has run when it returns', async () => {
@@ -388,9 +391,11 @@ export async function vercelSuite(driver: DriverName): Promise<void> {
     it('is delivered at once when the drain runs in waitUntil, however long the pass (longer than the nudge\'s 5 s)', async () => {
       // Three tasks of 2 s, one at a time: a pass of about 6 s.
       const slowWork: Promise<unknown>[] = [];
-      const slow = createDrainRoute(tasks, { env: { ...env, OUTLIVE_CONCURRENCY: '1' }, write, waitUntil: (work) => void slowWork.push(work) });
+      const slowEnv: FunctionsEnv = { ...env, OUTLIVE_CONCURRENCY: '1' };
+      const slow = createDrainRoute(tasks, { env: slowEnv, write, waitUntil: (work) => void slowWork.push(work) });
       const slowServer = serve(slow);
       await new Promise<void>((resolve) => slowServer.listen(0, '127.0.0.1', resolve));
+      slowEnv.OUTLIVE_DRAIN_URL = `http://127.0.0.1:${(slowServer.address() as AddressInfo).port}/api/drain`;
       try {
         const ids = (await Promise.all([20, 21, 22].map((n) => enqueue(db.pool, defs.record, { n, sleepMs: 2_000 })))).map((t) => t.id);
         const started = Date.now();
