@@ -158,7 +158,7 @@ export async function handleDrain(request: Request, inv: Invocation): Promise<Re
 
   let verification: Verification;
   try {
-    verification = await verifyNudge(toExecutor(inv.pool), secret as string, request.headers.get(SIGNATURE_HEADER), {
+    verification = await verifyNudge(inv.pool, secret as string, request.headers.get(SIGNATURE_HEADER), {
       method: request.method,
       endpoints,
       body,

@@ -338,7 +338,7 @@ export async function handleSignal(request: Request, inv: Invocation, options: S
       }
     } else {
       if (settings.drainSecret === null) return rejected('unconfigured', SIGNATURE_HEADER);
-      const verification = await verifyNudge(toExecutor(inv.pool), settings.drainSecret, headers.get(SIGNATURE_HEADER), {
+      const verification = await verifyNudge(inv.pool, settings.drainSecret, headers.get(SIGNATURE_HEADER), {
         method: request.method,
         endpoints: settings.endpoints,
         body,
