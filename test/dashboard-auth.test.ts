@@ -6,7 +6,8 @@
  * against the real database.
  */
 import { describe, expect, it } from 'vitest';
-import { enqueue, startRun, step, tick } from '../src/index.js';
+import { cancelRun, enqueue, explainRun, retryRun, retryTask, startRun, step, tick } from '../src/index.js';
+import { getTask, runEdges } from '../src/admin/queries.js';
 import { handleDashboard, type DashboardOptions } from '../src/http/dashboard/index.js';
 import { csrfValue, sessionValue } from '../src/http/dashboard/auth.js';
 import { freshDb } from './support/db.js';
@@ -104,6 +105,18 @@ describe('ids beyond a bigint', () => {
       const res = await dashboard(`http://app.test/dashboard${path}`, { method, headers: bearer, ...(method === 'POST' ? { body: '' } : {}) });
       expect({ path, method, status: res.status }).toEqual({ path, method, status: 404 });
     }
+  });
+
+
+  it('are not found by the admin functions either, and text that is no id is refused by name', async () => {
+    expect(await getTask(db.pool, BEYOND_BIGINT)).toBeNull();
+    expect(await explainRun(db.pool, BEYOND_BIGINT)).toBeNull();
+    expect(await runEdges(db.pool, BEYOND_BIGINT)).toEqual([]);
+    expect(await retryTask(db.pool, BEYOND_BIGINT)).toMatchObject({ retried: false, state: null });
+    expect(await retryRun(db.pool, BEYOND_BIGINT)).toMatchObject({ retried: false, state: null });
+    expect(await cancelRun(db.pool, '0')).toMatchObject({ cancelled: false, state: null });
+    await expect(getTask(db.pool, '12; DROP TABLE x')).rejects.toThrow(/a task id is a positive whole number, got "12; DROP TABLE x"/);
+    await expect(explainRun(db.pool, '-1')).rejects.toThrow(/a run id is a positive whole number/);
   });
 });
 
