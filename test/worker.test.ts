@@ -193,7 +193,7 @@ describe('the worker in this process (createWorker)', () => {
   const workers: Worker[] = [];
   afterAll(() => Promise.all(workers.map((w) => w.stop({ graceMs: 0 }))));
 
-  it('blanks its connection string, and the secrets it is given, out of the errors it stores in rows', async () => {
+  it('blanks its connection string, and the secrets it is given, out of the errors it stores in rows and out of its log', async () => {
     const API_KEY = `sk-${crypto.randomUUID()}`;
     const leaky = defineTask({
       name: 'worker-leaky',
@@ -203,7 +203,13 @@ describe('the worker in this process (createWorker)', () => {
         throw new Error(`cannot reach ${db.url} with ${API_KEY}`);
       },
     });
-    const worker = createWorker({ connectionString: db.url, tasks: [leaky], secrets: [API_KEY], pollIntervalMs: 200, retention: false, logger: memoryLog() });
+    const log = memoryLog();
+    const worker = createWorker({
+      connectionString: db.url, tasks: [leaky], secrets: [API_KEY], pollIntervalMs: 200, retention: false, logger: log,
+      onPass: (r) => {
+        if (r.failed > 0) throw new Error(`report to ${db.url} with ${API_KEY} failed`);
+      },
+    });
     workers.push(worker);
     const id = await enqueueCommitted(leaky, {});
     await worker.start();
@@ -214,6 +220,9 @@ describe('the worker in this process (createWorker)', () => {
     expect(row!.last_error).toBe('cannot reach [redacted] with [redacted]');
     const stored = JSON.stringify(row);
     for (const secret of [db.url, API_KEY]) expect(stored.includes(secret)).toBe(false);
+    // Its log blanks them too (an onPass that threw, quoting them).
+    await log.waitFor(/onPass threw: report to \[redacted\] with \[redacted\] failed/);
+    for (const secret of [db.url, API_KEY]) expect(log.lines.join('\n').includes(secret)).toBe(false);
     await worker.stop({ graceMs: 0 });
   });
 
