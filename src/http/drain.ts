@@ -21,7 +21,6 @@
  * when the pass is done.
  */
 import { ConfigError, toError } from '../model/errors.js';
-import { toExecutor } from '../db/executor.js';
 import {
   canonicalEndpoint,
   checkSecret,

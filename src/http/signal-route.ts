@@ -30,7 +30,6 @@
  */
 import { ConfigError, toError } from '../model/errors.js';
 import { MAX_OUTPUT_BYTES } from '../model/json.js';
-import { toExecutor } from '../db/executor.js';
 import { InvalidSignalError, signal, type SignalResult } from '../write/signal.js';
 import type { TickReport } from '../pass/tick.js';
 import { answeringEndpoints, readBody } from './drain.js';

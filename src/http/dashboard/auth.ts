@@ -4,8 +4,9 @@
  * dashboard trades for an HttpOnly, SameSite=Strict session cookie and a
  * redirect that drops it from the address bar. The cookie holds when it was
  * issued, a nonce and an HMAC of both under the token (never the token), and
- * expires: the server refuses it past its age, whatever the browser keeps. Forms carry a per-token CSRF value, and
- * a browser's POST must also come from the dashboard's own origin.
+ * expires: the server refuses it past its age, whatever the browser keeps.
+ * Forms carry a per-token CSRF value, and a browser's POST must also come
+ * from the dashboard's own origin.
  */
 import { secretsEqual } from '../nudge.js';
 
