@@ -97,4 +97,4 @@ export type {
 
 // Waking a drain endpoint right after enqueue.
 export { nudge, signNudge, verifyNudge, checkSecret, SIGNATURE_HEADER, DEFAULT_TOLERANCE_MS, MIN_SECRET_LENGTH } from './http/nudge.js';
-export type { NudgeOptions, NudgeResult, SignOptions, VerifyOptions, Verification, RejectReason } from './http/nudge.js';
+export type { NudgeOptions, NudgeResult, SignOptions, SignedRequest, VerifyOptions, Verification, RejectReason } from './http/nudge.js';

@@ -167,6 +167,22 @@ describe('outlive CLI', { timeout: 120_000 }, () => {
     expect(missing.code).toBe(1);
     expect(oneLine(missing.err)).toBe('outlive: no task 999999');
 
+    // Ids no row can have (beyond a bigint) are not found, not a database error.
+    const huge = '99999999999999999999';
+    for (const [args, said] of [
+      [['task', huge], `no task ${huge}`],
+      [['run', huge], `no run ${huge}`],
+      [['retry', 'task', huge], `task ${huge} was not retried: no task ${huge}`],
+      [['retry', 'run', huge], `run ${huge} was not retried: no run ${huge}`],
+      [['cancel', 'run', huge], `no run ${huge}`],
+    ] as const) {
+      const r = await cli([...args, ...url]);
+      expect({ args, code: r.code, err: oneLine(r.err) }).toEqual({ args, code: 1, err: `outlive: ${said}` });
+    }
+    const none = await cli(['tasks', '--run', huge, ...url]);
+    expect({ code: none.code, out: none.out.trim() }).toEqual({ code: 0, out: 'no tasks match' });
+    expect((await cli(['task', '12x', ...url])).code).toBe(2);
+
     const retried = await cli(['retry', 'task', failing.id, ...url]);
     expect(retried.code, retried.err).toBe(0);
     expect(retried.out.trim()).toBe(`task ${failing.id} retried: 1 task pending again`);

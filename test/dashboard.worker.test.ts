@@ -32,7 +32,7 @@ describe('the Worker serves the dashboard', () => {
     expect(login.status).toBe(303);
     expect(login.headers.get('location')).toBe('/dashboard/');
     const cookie = login.headers.get('set-cookie')!;
-    expect(cookie).toMatch(/^outlive_dashboard=[0-9a-f]{64}; Path=\/dashboard; HttpOnly; SameSite=Strict/);
+    expect(cookie).toMatch(/^outlive_dashboard=\d+\.[0-9a-f]{32}\.[0-9a-f]{64}; Path=\/dashboard; HttpOnly; SameSite=Strict/);
 
     const overview = await worker.fetch('/dashboard/', { headers: { cookie: cookie.split(';')[0]! } });
     expect(overview.status).toBe(200);

@@ -1,6 +1,6 @@
 import { drizzle } from 'drizzle-orm/node-postgres';
 import pg from 'pg';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { z } from 'zod';
 import { defineTask, enqueue, enqueueMany, InvalidEnqueueError, tick } from '../src/index.js';
 import { freshDb } from './support/db.js';
@@ -204,6 +204,11 @@ describe('bad input gets a clear error and writes nothing', () => {
     ['an empty key', () => enqueue(db.pool, greet, { name: 'a' }, { key: '' }), /key must be a non-empty string/],
     ['a fractional priority', () => enqueue(db.pool, greet, { name: 'a' }, { priority: 0.5 }), /priority must be/],
     ['something that is not a task', () => enqueue(db.pool, { name: 'x' } as never, {} as never), /needs a task made by defineTask/],
+    ['a delay past any date', () => enqueue(db.pool, greet, { name: 'a' }, { delayMs: 1e300 }), /delayMs must be a number of milliseconds from 0 to 3155760000000 \(100 years\), got 1e\+300/],
+    ['a runAt before the year 1', () => enqueue(db.pool, greet, { name: 'a' }, { runAt: new Date(-8.64e15) }), /runAt must be a valid Date, from the year 1 on/],
+    // A task object built by hand (or by another version) with a name defineTask refuses.
+    ['a task whose name defineTask would refuse', () => enqueue(db.pool, { ...greet, name: 'x\u001b]0;owned\u0007' }, { name: 'a' }), /cannot enqueue: task name "x\\u001b\]0;owned\\u0007" is invalid/],
+    ['a task with an empty name', () => enqueueMany(db.pool, { ...greet, name: '' }, [{ name: 'a' }]), /task name "" is invalid/],
     ['one bad input among many', () => enqueueMany(db.pool, greet, [{ name: 'ok' }, { name: '' }]), /input does not match its schema/],
   ];
   it.each(cases)('%s', async (_label, call, message) => {
@@ -215,6 +220,28 @@ describe('bad input gets a clear error and writes nothing', () => {
     expect(err).toBeInstanceOf(InvalidEnqueueError);
     expect((err as Error).message).toMatch(message);
     expect(await db.rows('SELECT 1 FROM outlive.tasks')).toHaveLength(0);
+  });
+
+  it('refuses a 100 MB input before its schema reads it or JSON.stringify copies it', async () => {
+    await clear();
+    let validated = 0;
+    const counting = defineTask({
+      name: 'counting',
+      input: { '~standard': { version: 1, vendor: 'test', validate: (value: unknown) => (validated++, { value }) } },
+      run: () => null,
+    });
+    const huge = { s: 'x'.repeat(100_000_000) };
+    const stringify = vi.spyOn(JSON, 'stringify');
+    try {
+      await expect(enqueue(db.pool, counting, huge)).rejects.toThrow(/cannot enqueue "counting": input is at least 100000004 bytes of JSON, over the limit of 1048576/);
+      expect(stringify).not.toHaveBeenCalledWith(huge);
+    } finally {
+      stringify.mockRestore();
+    }
+    expect(validated).toBe(0);
+    // Within the limit, the schema runs and the input is stored as before.
+    await enqueue(db.pool, counting, { s: 'x'.repeat(1_000) });
+    expect(validated).toBe(1);
   });
 
   it('stores SQL-looking strings as plain data', async () => {

@@ -2,6 +2,10 @@ import { describe, expect, it } from 'vitest';
 import { tick } from '../src/index.js';
 import { createUsers, sendWelcome, signUp } from '../examples/demo.js';
 import { closePool, freshDb } from './support/db.js';
+import { readFileSync } from 'node:fs';
+import { drizzle } from 'drizzle-orm/node-postgres';
+import { nudge } from '../src/index.js';
+import { REBUILD_URL, rebuildHook } from '../examples/verify-nudge.js';
 
 const db = await freshDb();
 await createUsers(db.pool);
@@ -59,5 +63,35 @@ describe('examples/generate-pages.ts', () => {
     model.calls = [];
     expect(await tick(fresh.pool, { tasks: [generatePage], now: new Date(Date.now() + 1_500) })).toMatchObject({ claimed: 1, succeeded: 1 });
     await Promise.all(pools.map(closePool));
+  });
+});
+
+describe('examples/verify-nudge.ts', () => {
+  const secret = 'v'.repeat(40);
+  /** The request a nudge sends, captured on its way out. */
+  async function signed(body: object, url = REBUILD_URL): Promise<Request> {
+    let sent: Request | undefined;
+    await nudge(url, secret, body, { fetch: async (input, init) => ((sent = new Request(input as string, init)), new Response(null, { status: 204 })) });
+    return sent!;
+  }
+
+  it('verifies a nudge with the app\'s own pool or drizzle database, refusing a replay, a forgery and another endpoint', async () => {
+    for (const handle of [db.pool, drizzle(db.pool)]) {
+      const request = await signed({ page: 'home' });
+      const again = request.clone();
+      const ok = await rebuildHook(request, handle, secret);
+      expect({ status: ok.status, text: await ok.text() }).toEqual({ status: 200, text: 'rebuilding home' });
+      expect((await rebuildHook(again, handle, secret)).status).toBe(403);
+      expect((await rebuildHook(await signed({ page: 'home' }), handle, 'w'.repeat(40))).status).toBe(401);
+      expect((await rebuildHook(await signed({ page: 'home' }, 'https://other.example/hooks/rebuild'), handle, secret)).status).toBe(401);
+    }
+  });
+
+  it('is shown in docs/deploy.md as it is', () => {
+    const lines = (text: string) => text.split('\n').map((l) => l.trim()).filter((l) => l && !/^(\/\/|\/\*|\*)/.test(l));
+    const file = lines(readFileSync(new URL('../examples/verify-nudge.ts', import.meta.url), 'utf8')).map((l) => l.replace("'../src/index.js'", "'outlive'"));
+    const deploy = readFileSync(new URL('../docs/deploy.md', import.meta.url), 'utf8');
+    const snippets = [...deploy.matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => lines(m[1]!));
+    expect(snippets).toContainEqual(file);
   });
 });

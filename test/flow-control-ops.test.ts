@@ -14,7 +14,7 @@ import { defineTask, enqueue, enqueueMany, explainRun, pauseQueue, RateLimitedEr
 import { claim } from '../src/pass/claim.js';
 import { keyStates, readKeyStates, status } from '../src/admin/queries.js';
 import { handleDashboard } from '../src/http/dashboard/index.js';
-import { csrfValue, sessionValue } from '../src/http/dashboard/auth.js';
+import { csrfValue } from '../src/http/dashboard/auth.js';
 import { main } from '../src/node/cli.js';
 import { freshDb, passExecutor, type TestDb } from './support/db.js';
 
@@ -328,11 +328,13 @@ describe('the dashboard', () => {
   const token = TOKEN;
   const bearer = { authorization: `Bearer ${token}` };
   const request = dashboard;
+  /** A browser's session: the cookie a login with `?token=` sets. */
+  const session = async () => (await request(`/?token=${token}`)).headers.get('set-cookie')!.split(';')[0]!;
   /** A browser's POST: the session cookie, the page's origin, and the form (with or without the CSRF value). */
   const browserPost = async (path: string, fields: Record<string, string>, csrf = true) =>
     request(path, {
       method: 'POST',
-      headers: { cookie: `outlive_dashboard=${await sessionValue(token)}`, origin: 'http://app.test', 'content-type': 'application/x-www-form-urlencoded' },
+      headers: { cookie: await session(), origin: 'http://app.test', 'content-type': 'application/x-www-form-urlencoded' },
       body: new URLSearchParams({ ...fields, ...(csrf ? { csrf: await csrfValue(token) } : {}) }).toString(),
     });
 
@@ -363,7 +365,7 @@ describe('the dashboard', () => {
     expect(forged.status).toBe(403);
     const crossSite = await request('/limits/pause', {
       method: 'POST',
-      headers: { cookie: `outlive_dashboard=${await sessionValue(token)}`, origin: 'http://evil.test', 'content-type': 'application/x-www-form-urlencoded' },
+      headers: { cookie: await session(), origin: 'http://evil.test', 'content-type': 'application/x-www-form-urlencoded' },
       body: new URLSearchParams({ key: 'openai', csrf: await csrfValue(token) }).toString(),
     });
     expect(crossSite.status).toBe(403);

@@ -107,6 +107,8 @@ describe('a Next.js app-router app built with the packed package (examples/next)
         NODE_ENV: 'production',
         DATABASE_URL: databaseUrl,
         OUTLIVE_DRAIN_SECRET: SECRET,
+        // Self-hosted (next start): the drain's URL is configured, never read from the Host header.
+        OUTLIVE_DRAIN_URL: `${base}/api/drain`,
         CRON_SECRET,
         OUTLIVE_DASHBOARD_TOKEN: TOKEN,
       },

@@ -299,7 +299,7 @@ describe('the packed package, installed in an app', { timeout: 240_000 }, () => 
     // condition of this checkout's, so every import is the package's dist/.
     await build({ entryPoints: [path.join(app, 'tasks.ts')], outdir: path.join(app, 'out'), format: 'esm', platform: 'node', logLevel: 'silent' });
     // The database's own URL: node-postgres on Node reaches any Postgres, no proxy.
-    const env = { DATABASE_URL: databaseUrl, OUTLIVE_DRAIN_SECRET: SECRET, CRON_SECRET: 'c'.repeat(32) };
+    const env = { DATABASE_URL: databaseUrl, OUTLIVE_DRAIN_SECRET: SECRET, OUTLIVE_DRAIN_URL: 'https://app.example/api/drain', CRON_SECRET: 'c'.repeat(32) };
     const body = '{}';
     // Signed for the URL the route is called with below.
     const signature = await signNudge(SECRET, 'https://app.example/api/drain', body);

@@ -34,7 +34,6 @@ import { createWorker, grants, migrate } from '../src/node/index.js';
 import { FUNCTION_CALLERS, SEQUENCE_USERS, TABLE_PRIVILEGES } from '../src/node/grants.js';
 import { handleDashboard } from '../src/http/dashboard/index.js';
 import { verifyNudge } from '../src/http/nudge.js';
-import { toExecutor } from '../src/db/executor.js';
 import { getTask, listTasks, status } from '../src/admin/queries.js';
 import { closePool, openPool } from './support/db.js';
 import { createRole, ident } from './support/roles.js';
@@ -262,8 +261,8 @@ describe('roles of least privilege, each doing its part', () => {
     const endpoint = 'https://app.example/api/drain';
     const signature = await signNudge(secret, endpoint, body);
     const request = { method: 'POST', endpoints: [endpoint], body };
-    expect((await verifyNudge(toExecutor(asWorker), secret, signature, request)).ok).toBe(true);
-    expect(await verifyNudge(toExecutor(asWorker), secret, signature, request)).toMatchObject({ ok: false, reason: 'replayed' });
+    expect((await verifyNudge(asWorker, secret, signature, request)).ok).toBe(true);
+    expect(await verifyNudge(asWorker, secret, signature, request)).toMatchObject({ ok: false, reason: 'replayed' });
 
     // The LISTEN worker as this role: it checks the schema, listens, runs a pass.
     const lines: string[] = [];

@@ -26,7 +26,6 @@ import { finishedPerMinute, getTask, listFailures, listRuns, listSchedules, list
 import { handleDashboard } from '../src/http/dashboard/index.js';
 import { metricsSnapshot } from '../src/admin/metrics.js';
 import { useNonce } from '../src/http/nudge.js';
-import { toExecutor } from '../src/db/executor.js';
 import { main } from '../src/node/cli.js';
 import { freshDb } from './support/db.js';
 import { COUNT_PLANTS_SQL, plantsSql } from './support/plants.js';
@@ -280,8 +279,8 @@ describe('a role that can create objects on the search path', () => {
       }],
       ["a drain's nonce", async () => {
         const now = new Date();
-        expect(await useNonce(toExecutor(pool), 'sp-nonce', now, { now })).toBe(true);
-        expect(await useNonce(toExecutor(pool), 'sp-nonce', now, { now })).toBe(false);
+        expect(await useNonce(pool, 'sp-nonce', now, { now })).toBe(true);
+        expect(await useNonce(pool, 'sp-nonce', now, { now })).toBe(false);
       }],
       ['explain', async () => {
         expect((await explainRun(pool, runs.good!))?.state).toBe('succeeded');

@@ -171,7 +171,7 @@ describe('settle', () => {
       ['failed', 'non-Error thrown: {"code":7}'],
       ['succeeded', null],
       ['failed', expect.stringMatching(/output does not serialise to JSON/)],
-      ['failed', expect.stringMatching(/output is 1100002 bytes of JSON, over the limit/)],
+      ['failed', expect.stringMatching(/output is at least 1100002 bytes of JSON, over the limit/)],
       ['failed', 'non-Error thrown: null'],
     ]);
     expect(await db.rows(`SELECT 1 FROM outlive.tasks WHERE state = 'running'`)).toHaveLength(0);

@@ -182,3 +182,38 @@ describe('a spawn waiting for steps already in the run', () => {
     expect(await runOf(run.id)).toEqual({ state: 'failed', unfinished: 0 });
   });
 });
+
+describe('a spawn naming a step the run already has', () => {
+  const slowSpawner = defineTask({
+    name: 'slow-spawner',
+    input: z.object({ name: z.string(), waitMs: z.number() }),
+    retry: { maxAttempts: 1 },
+    run: async ({ name, waitMs }, ctx) => {
+      await new Promise((r) => setTimeout(r, waitMs));
+      ctx.spawn(name, step(leaf, { label: name }));
+      return null;
+    },
+  });
+  const failures = async (runId: string) =>
+    db.rows<{ step: string; last_error: string }>(`SELECT step, last_error FROM outlive.tasks WHERE run_id = $1 AND state = 'failed' ORDER BY id`, [runId]);
+
+  it('fails the spawner with the step named, never a raw database error: its own name, a sibling\'s in one pass, two passes at once', async () => {
+    await clear();
+    const own = await startRun(db.pool, 'own name', { a: step(slowSpawner, { name: 'a', waitMs: 0 }) });
+    await drain([slowSpawner, leaf]);
+    expect(await failures(own.id)).toEqual([{ step: 'a', last_error: expect.stringMatching(/: step "a" already exists in the run$/) }]);
+
+    const siblings = await startRun(db.pool, 'siblings', { a: step(slowSpawner, { name: 'x', waitMs: 0 }), b: step(slowSpawner, { name: 'x', waitMs: 0 }) });
+    await drain([slowSpawner, leaf]);
+    expect(await failures(siblings.id)).toEqual([{ step: expect.any(String), last_error: expect.stringMatching(/: step "x" already exists in the run$/) }]);
+
+    // Two passes each run one sibling, and both settle their spawn at once: the unique index meets the second.
+    const racing = await startRun(db.pool, 'racing', { a: step(slowSpawner, { name: 'y', waitMs: 200 }), b: step(slowSpawner, { name: 'y', waitMs: 200 }) });
+    const pass = () => tick(db.pool, { tasks: [slowSpawner, leaf], concurrency: 1, maxTasks: 1 });
+    await Promise.all([pass(), pass()]);
+    await drain([slowSpawner, leaf]);
+    const raced = await failures(racing.id);
+    expect(raced).toEqual([{ step: expect.any(String), last_error: expect.stringMatching(/: step "y" already exists in the run$/) }]);
+    expect(raced[0]!.last_error).not.toMatch(/duplicate key|23505|constraint/);
+  });
+});

@@ -193,6 +193,39 @@ describe('the worker in this process (createWorker)', () => {
   const workers: Worker[] = [];
   afterAll(() => Promise.all(workers.map((w) => w.stop({ graceMs: 0 }))));
 
+  it('blanks its connection string, and the secrets it is given, out of the errors it stores in rows and out of its log', async () => {
+    const API_KEY = `sk-${crypto.randomUUID()}`;
+    const leaky = defineTask({
+      name: 'worker-leaky',
+      input: z.object({}),
+      retry: { maxAttempts: 1 },
+      async run() {
+        throw new Error(`cannot reach ${db.url} with ${API_KEY}`);
+      },
+    });
+    const log = memoryLog();
+    const worker = createWorker({
+      connectionString: db.url, tasks: [leaky], secrets: [API_KEY], pollIntervalMs: 200, retention: false, logger: log,
+      onPass: (r) => {
+        if (r.failed > 0) throw new Error(`report to ${db.url} with ${API_KEY} failed`);
+      },
+    });
+    workers.push(worker);
+    const id = await enqueueCommitted(leaky, {});
+    await worker.start();
+    const [row] = await until(async () => {
+      const rows = await db.rows<{ last_error: string; errors: unknown }>(`SELECT last_error, errors FROM outlive.tasks WHERE id = $1 AND state = 'failed'`, [id]);
+      return rows.length > 0 ? rows : null;
+    });
+    expect(row!.last_error).toBe('cannot reach [redacted] with [redacted]');
+    const stored = JSON.stringify(row);
+    for (const secret of [db.url, API_KEY]) expect(stored.includes(secret)).toBe(false);
+    // Its log blanks them too (an onPass that threw, quoting them).
+    await log.waitFor(/onPass threw: report to \[redacted\] with \[redacted\] failed/);
+    for (const secret of [db.url, API_KEY]) expect(log.lines.join('\n').includes(secret)).toBe(false);
+    await worker.stop({ graceMs: 0 });
+  });
+
   // Through a transaction pooler LISTEN is accepted and no notification ever
   // arrives: the worker used to log "listening" and start tasks only by polling.
   it('proves its LISTEN connection receives, and through one that cannot, warns once with the fix and polls', async () => {

@@ -4,6 +4,7 @@
  * match nothing and they are never retried, and those passes fire the
  * handlers' signals at their next lease check.
  */
+import { parseId } from '../model/checks.js';
 import { inTransactionRetryingDeadlocks, toPool, type Database } from '../db/executor.js';
 import type { RunState } from '../model/states.js';
 
@@ -57,7 +58,9 @@ export interface CancelReport {
  * Cancels a run that is still running. Safe to call twice; a finished run is
  * left as it is.
  */
-export async function cancelRun(db: Database, runId: string, options: { now?: Date; reason?: string } = {}): Promise<CancelReport> {
+export async function cancelRun(db: Database, runText: string, options: { now?: Date; reason?: string } = {}): Promise<CancelReport> {
+  const runId = parseId('run', runText);
+  if (runId === null) return { cancelled: false, state: null, pendingCancelled: 0, runningCancelled: 0 };
   const now = options.now ?? null;
   const reason = options.reason ?? 'cancelled';
   return inTransactionRetryingDeadlocks(toPool(db), async (tx): Promise<CancelReport> => {

@@ -2,6 +2,7 @@
  * Ask why: a run's tasks with their states, and for each task that is not
  * running or done, the reason it is where it is.
  */
+import { parseId } from '../model/checks.js';
 import { toExecutor, toPool, type Database } from '../db/executor.js';
 import { nobodyRuns, readKnownTasks, type KnownTasks } from '../pass/known-tasks.js';
 import { heldUntil } from '../pass/recover.js';
@@ -174,7 +175,9 @@ async function heldBack(exec: ReturnType<typeof toExecutor>, rows: (WhyFacts & F
 }
 
 /** Lists a run's tasks with their states and, for each, why. Null if there is no such run. */
-export async function explainRun(db: Database, runId: string, options: { now?: Date } = {}): Promise<ExplainedRun | null> {
+export async function explainRun(db: Database, runText: string, options: { now?: Date } = {}): Promise<ExplainedRun | null> {
+  const runId = parseId('run', runText);
+  if (runId === null) return null;
   const exec = toExecutor(toPool(db));
   const [run] = await exec.query<{
     id: string; name: string; state: RunState; error: string | null; failed_task_id: string | null; created_at: Date; finished_at: Date | null; now: Date;

@@ -3,6 +3,7 @@
  * stuck, what failed. The CLI and the dashboard share them, so both tell the
  * same story. Every function takes any {@link Database} (a pg or Neon pool).
  */
+import { parseId } from '../model/checks.js';
 import { WAIT_TASK } from '../model/wait.js';
 import { MAX_SNOOZES } from '../model/task.js';
 import { toExecutor, toPool, type Database, type Executor } from '../db/executor.js';
@@ -419,7 +420,9 @@ export interface TaskDetail extends TaskSummary {
 }
 
 /** One task in full; null if there is no such task. */
-export async function getTask(db: Database, id: string): Promise<TaskDetail | null> {
+export async function getTask(db: Database, taskId: string): Promise<TaskDetail | null> {
+  const id = parseId('task', taskId);
+  if (id === null) return null;
   const q = exec(db);
   const [row] = await q.query(
     `SELECT ${TASK_COLUMNS}, priority, input, output, timeout_ms, interruptions, progress, key, lease_owner, ${heldUntil('t')} AS lease_expires_at,
@@ -497,10 +500,12 @@ export async function listRuns(db: Database, filter: { state?: RunState; name?: 
 
 /** The dependency edges among a run's tasks: `task` waits for `dependsOn`. */
 export async function runEdges(db: Database, runId: string): Promise<{ task: string; dependsOn: string }[]> {
+  const id = parseId('run', runId);
+  if (id === null) return [];
   return exec(db).query<{ task: string; dependsOn: string }>(
     `SELECT d.task_id::text AS task, d.depends_on::text AS "dependsOn"
      FROM outlive.task_deps d JOIN outlive.tasks t ON t.id OPERATOR(pg_catalog.=) d.task_id WHERE d.run_id OPERATOR(pg_catalog.=) $1`,
-    [runId],
+    [id],
   );
 }
 

@@ -3,6 +3,7 @@
  * pending with a fresh set of attempts, or a finished run's unsuccessful
  * tasks back to work. The error history stays in the rows.
  */
+import { parseId } from '../model/checks.js';
 import { OutliveError } from '../model/errors.js';
 import { inTransactionRetryingDeadlocks, toExecutor, toPool, type Database, type Executor } from '../db/executor.js';
 import type { RunState, TaskState } from '../model/states.js';
@@ -80,7 +81,9 @@ async function reviveRun(tx: Executor, runId: string, now: Date | null): Promise
  * again for its dependencies that have not succeeded), and the run is running
  * again. Succeeded tasks keep their outputs and are not run again.
  */
-export async function retryRun(db: Database, runId: string, options: { now?: Date } = {}): Promise<RetryReport> {
+export async function retryRun(db: Database, runText: string, options: { now?: Date } = {}): Promise<RetryReport> {
+  const runId = parseId('run', runText);
+  if (runId === null) return { retried: false, state: null, tasks: 0, reason: `no run ${runText}` };
   try {
     return await inTransactionRetryingDeadlocks(toPool(db), (tx) => reviveRun(tx, runId, options.now ?? null));
   } catch (err) {
@@ -94,7 +97,9 @@ export async function retryRun(db: Database, runId: string, options: { now?: Dat
  * once, with a fresh set of attempts. A task of a run is retried with its run
  * (see {@link retryRun}), so the tasks it would have released run too.
  */
-export async function retryTask(db: Database, taskId: string, options: { now?: Date } = {}): Promise<RetryReport> {
+export async function retryTask(db: Database, taskText: string, options: { now?: Date } = {}): Promise<RetryReport> {
+  const taskId = parseId('task', taskText);
+  if (taskId === null) return { retried: false, state: null, tasks: 0, reason: `no task ${taskText}` };
   const now = options.now ?? null;
   try {
     return await inTransactionRetryingDeadlocks(toPool(db), async (tx) => {

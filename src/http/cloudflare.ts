@@ -144,7 +144,7 @@ export function createCloudflareWorker(tasksFor: TasksFor, options: CloudflareWo
     /** The cron trigger: recovery, then a bounded pass. */
     async scheduled(controller: ScheduledController, env: FunctionsEnv, ctx: ExecutionContext): Promise<void> {
       const budgetCeilingMs = workerBudgetMs({ trigger: 'cron', cron: controller.cron }, cpuMsOf(env));
-      const inv = openInvocation(env, { platform: 'cloudflare', tasks: tasksFor, budgetCeilingMs, runtime });
+      const inv = openInvocation(env, { platform: 'cloudflare', routedByHost: true, tasks: tasksFor, budgetCeilingMs, runtime });
       try {
         await cronPass(inv);
       } finally {
@@ -190,7 +190,7 @@ async function serve(
 ): Promise<Response> {
   let inv: Invocation;
   try {
-    inv = openInvocation(env, { platform: 'cloudflare', tasks: tasksFor, budgetCeilingMs: budget(), waitUntil: (work) => ctx.waitUntil(work), runtime });
+    inv = openInvocation(env, { platform: 'cloudflare', routedByHost: true, tasks: tasksFor, budgetCeilingMs: budget(), waitUntil: (work) => ctx.waitUntil(work), runtime });
   } catch (err) {
     // A ConfigError names a setting, never its value.
     console.log(JSON.stringify({ outlive: `${what}-misconfigured`, error: toError(err).message }));
@@ -208,7 +208,7 @@ async function dashboard(request: Request, env: FunctionsEnv, ctx: ExecutionCont
   let inv;
   try {
     // The dashboard runs no pass; its budget is only what an invocation needs.
-    inv = openInvocation(env, { platform: 'cloudflare', tasks: tasksFor, budgetCeilingMs: workerBudgetMs({ trigger: 'drain', background: false }), runtime });
+    inv = openInvocation(env, { platform: 'cloudflare', routedByHost: true, tasks: tasksFor, budgetCeilingMs: workerBudgetMs({ trigger: 'drain', background: false }), runtime });
   } catch (err) {
     console.log(JSON.stringify({ outlive: 'dashboard-misconfigured', error: toError(err).message }));
     return json(500, { error: 'the dashboard is not configured' });

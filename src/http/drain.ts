@@ -8,12 +8,12 @@
  * signature, 403 for a replayed one, 413 for a body too large to be a nudge.
  *
  * The signature covers the endpoint the nudger meant, checked against the
- * endpoints this drain answers as: the URL the request arrived at, or, when
- * `OUTLIVE_DRAIN_URL` is set, exactly the URLs and endpoint ids it lists (a
- * custom domain in front of a workers.dev host, a Vercel rewrite, a proxy:
- * whatever makes the URL the handler sees differ from the one the app
- * nudges). Both come from the request and the invocation's environment, so
- * the platform adapters pass nothing new.
+ * endpoints this drain answers as: the URL the request arrived at (on
+ * Workers and Vercel, which route by it), or, when `OUTLIVE_DRAIN_URL` is
+ * set, exactly the URLs and endpoint ids it lists (a custom domain in front
+ * of a workers.dev host, a Vercel rewrite, a proxy: whatever makes the URL
+ * the handler sees differ from the one the app nudges). A self-hosted drain
+ * must set it (see `answeringEndpoints`).
  *
  * With `Prefer: respond-async` (what `nudge()` sends) and a platform that can
  * keep working after the response (Workers), it answers 202 at once and runs
@@ -21,7 +21,6 @@
  * when the pass is done.
  */
 import { ConfigError, toError } from '../model/errors.js';
-import { toExecutor } from '../db/executor.js';
 import {
   canonicalEndpoint,
   checkSecret,
@@ -35,7 +34,7 @@ import {
 } from './nudge.js';
 import { checkName } from '../model/checks.js';
 import { PassError } from '../pass/tick.js';
-import { json, runPass, type FunctionsEnv, type Invocation } from './invocation.js';
+import { json, runPass, type Invocation } from './invocation.js';
 
 /** Largest drain body read: 64 KiB. A nudge's body is a few bytes of JSON at most. */
 export const MAX_DRAIN_BODY_BYTES = 65_536;
@@ -55,15 +54,20 @@ const REASONS: Record<RejectReason, string> = {
 };
 
 /**
- * The endpoints this drain answers as: those {@link DRAIN_URL_SETTING} lists
- * when it is set, else the URL the request arrived at. Throws ConfigError
- * (naming the setting, never its value) for a list that is not URLs or ids.
+ * The endpoints a signed route answers as: those `setting` lists when it is
+ * set; else the URL the request arrived at, but only where the platform
+ * routed the request by that URL's host (`inv.routedByHost`). A self-hosted
+ * server's request URL carries the client's Host header, so a nudge captured
+ * for another deployment sharing the secret would pass with a forged Host:
+ * there, nothing is taken from the request and the list is empty. Throws
+ * ConfigError (naming the setting, never its value) for a list that is not
+ * URLs or ids.
  */
-export function drainEndpoints(request: Request, env: FunctionsEnv): string[] {
-  const configured = env[DRAIN_URL_SETTING];
-  if (configured === undefined || configured === '') return [canonicalEndpoint(request.url, 'the request URL')];
-  if (typeof configured !== 'string') throw new ConfigError(`outlive: ${DRAIN_URL_SETTING} must be a string`);
-  return parseEndpoints(configured, DRAIN_URL_SETTING);
+export function answeringEndpoints(request: Request, inv: Pick<Invocation, 'env' | 'routedByHost'>, setting: string): string[] {
+  const configured = inv.env[setting];
+  if (configured === undefined || configured === '') return inv.routedByHost ? [canonicalEndpoint(request.url, 'the request URL')] : [];
+  if (typeof configured !== 'string') throw new ConfigError(`outlive: ${setting} must be a string`);
+  return parseEndpoints(configured, setting);
 }
 
 // Fatal: a verified body that is not UTF-8 is refused, not read with U+FFFD in its place.
@@ -132,7 +136,13 @@ export async function handleDrain(request: Request, inv: Invocation): Promise<Re
   let endpoints: string[];
   try {
     checkSecret(secret);
-    endpoints = drainEndpoints(request, inv.env);
+    endpoints = answeringEndpoints(request, inv, DRAIN_URL_SETTING);
+    if (endpoints.length === 0) {
+      throw new ConfigError(
+        `outlive: set ${DRAIN_URL_SETTING} to the URL the app nudges: off Cloudflare Workers and Vercel the request's Host header ` +
+          'is the client\'s to choose, so this drain cannot tell its own URL from it',
+      );
+    }
   } catch (err) {
     inv.log('drain-misconfigured', { error: toError(err).message });
     return json(500, { error: 'the drain endpoint is not configured' });
@@ -147,7 +157,7 @@ export async function handleDrain(request: Request, inv: Invocation): Promise<Re
 
   let verification: Verification;
   try {
-    verification = await verifyNudge(toExecutor(inv.pool), secret as string, request.headers.get(SIGNATURE_HEADER), {
+    verification = await verifyNudge(inv.pool, secret as string, request.headers.get(SIGNATURE_HEADER), {
       method: request.method,
       endpoints,
       body,

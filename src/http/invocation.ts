@@ -10,6 +10,7 @@
  */
 import { isWhole } from '../model/checks.js';
 import { ConfigError, toError } from '../model/errors.js';
+import { connectionSecrets, redactor } from '../model/redact.js';
 import { chooseDatabase, openInvocationPool, type DatabaseChoice, type InvocationPool, type Runtime } from '../db/connect.js';
 import type { TaskList } from '../model/task.js';
 import type { AnySchedule } from '../maintenance/schedule.js';
@@ -86,6 +87,14 @@ export interface Invocation {
   readonly schedules: readonly AnySchedule[];
   readonly budgetMs: number;
   readonly concurrency: number | undefined;
+  /**
+   * True where the platform routes requests by their host (Cloudflare
+   * Workers; Vercel, deployed), so a request's URL names this deployment. A
+   * self-hosted server builds it from the client's Host header, which may
+   * name another deployment: its drain and signal endpoints must be
+   * configured (`OUTLIVE_DRAIN_URL`, `OUTLIVE_SIGNAL_URL`).
+   */
+  readonly routedByHost: boolean;
   /** Continues work after the response (Workers' `ctx.waitUntil`), where the platform allows; else null. */
   readonly background: ((work: Promise<unknown>) => void) | null;
   /** Writes one structured log line, with every secret of the environment blanked out. */
@@ -120,6 +129,8 @@ export interface InvocationOptions {
   waitUntil?: (work: Promise<unknown>) => void;
   /** What the runtime has: `src/db/connect.ts` picks the driver from it. */
   runtime: Runtime;
+  /** Whether the platform routes requests by host, so their URL can be trusted (see {@link Invocation.routedByHost}). */
+  routedByHost: boolean;
   /** For the Neon driver on runtimes without a global WebSocket (Node before 22). */
   webSocketConstructor?: unknown;
   /** Where log lines go. Default `console.log`. */
@@ -128,35 +139,17 @@ export interface InvocationOptions {
 
 const SECRET_NAMES = ['DATABASE_URL', 'OUTLIVE_DRAIN_SECRET', 'CRON_SECRET', 'OUTLIVE_DASHBOARD_TOKEN', 'OUTLIVE_SIGNAL_SECRETS'] as const;
 
-function secretsOf(env: FunctionsEnv): string[] {
-  const secrets: string[] = [];
-  for (const name of SECRET_NAMES) {
-    const value = env[name];
-    if (typeof value === 'string' && value.length >= 4) secrets.push(value);
-  }
+function secretsOf(env: FunctionsEnv): unknown[] {
+  const secrets: unknown[] = SECRET_NAMES.map((name) => env[name]);
   // Each signal secret on its own too, with and without its prefix: a log may quote one entry of the list.
   const signalSecrets = env.OUTLIVE_SIGNAL_SECRETS;
   if (typeof signalSecrets === 'string') {
-    for (const entry of signalSecrets.split(/[\s,]+/)) {
-      for (const s of [entry, entry.replace(/^whsec_/, '')]) if (s.length >= 4) secrets.push(s);
-    }
+    for (const entry of signalSecrets.split(/[\s,]+/)) secrets.push(entry, entry.replace(/^whsec_/, ''));
   }
-  // Hyperdrive's connection string holds credentials it generated.
+  // Hyperdrive's connection string holds credentials it generated; a driver error may quote either password.
   const hyperdrive = (env.HYPERDRIVE as { connectionString?: unknown } | undefined)?.connectionString;
-  if (typeof hyperdrive === 'string' && hyperdrive.length >= 4) secrets.push(hyperdrive);
-  // The database password on its own, too: a driver error may quote it.
-  for (const url of [env.DATABASE_URL, hyperdrive]) {
-    try {
-      if (typeof url !== 'string' || !url) continue;
-      const raw = new URL(url).password;
-      const password = decodeURIComponent(raw);
-      if (password.length >= 4) secrets.push(raw, password, encodeURIComponent(password));
-    } catch {
-      // Not a URL; the whole value is already listed.
-    }
-  }
-  // Longest first, so a secret containing another is blanked whole.
-  return secrets.sort((a, b) => b.length - a.length);
+  secrets.push(...connectionSecrets(env.DATABASE_URL), ...connectionSecrets(hyperdrive));
+  return secrets;
 }
 
 function positiveIntFrom(env: FunctionsEnv, name: 'OUTLIVE_BUDGET_MS' | 'OUTLIVE_CONCURRENCY'): number | undefined {
@@ -175,12 +168,7 @@ function positiveIntFrom(env: FunctionsEnv, name: 'OUTLIVE_BUDGET_MS' | 'OUTLIVE
  * first use.
  */
 export function openInvocation(env: FunctionsEnv, options: InvocationOptions): Invocation {
-  const secrets = secretsOf(env);
-  const redact = (text: string): string => {
-    let out = text;
-    for (const s of secrets) out = out.split(s).join('[redacted]');
-    return out;
-  };
+  const redact = redactor(secretsOf(env));
   const write = options.write ?? ((line: string) => console.log(line));
   const log = (event: string, fields: Record<string, unknown> = {}) => {
     // Strings are redacted before JSON escapes them (a secret with a quote in
@@ -237,6 +225,7 @@ export function openInvocation(env: FunctionsEnv, options: InvocationOptions): I
     schedules,
     budgetMs,
     concurrency,
+    routedByHost: options.routedByHost,
     background,
     log,
     redact,
@@ -279,6 +268,7 @@ export async function runPass(inv: Invocation, trigger: Trigger, options: PassOp
       ...(inv.concurrency === undefined ? {} : { concurrency: inv.concurrency }),
       ...(options.queues ? { queues: options.queues } : {}),
       owner: `${inv.platform}:${trigger}`,
+      redact: inv.redact,
     });
     inv.log('pass', { trigger, driver: inv.database.driver, budgetMs: inv.budgetMs, ...report });
     return report;

@@ -41,7 +41,7 @@
  */
 import { MIN_SECRET_LENGTHS } from '../model/checks.js';
 import { ConfigError, toError } from '../model/errors.js';
-import type { Executor } from '../db/executor.js';
+import { toExecutor, type Transactional } from '../db/executor.js';
 
 /** The header that carries a nudge's signature. */
 export const SIGNATURE_HEADER = 'Outlive-Signature';
@@ -224,9 +224,11 @@ export interface SignedRequest {
   method: string;
   /**
    * The endpoints the verifier answers as, URLs or ids (canonicalised here):
-   * by default the URL the request arrived at; where a proxy or a rewrite
-   * changes that URL, the public URLs the apps nudge. An entry that is
-   * neither a URL nor an id throws {@link ConfigError}.
+   * the public URLs the senders sign for. The URL a request arrived at will
+   * do only where the platform routed it by its host (Workers, Vercel); a
+   * self-hosted server builds it from the client's Host header, which could
+   * name another deployment sharing the secret. An entry that is neither a
+   * URL nor an id throws {@link ConfigError}.
    */
   endpoints: readonly string[];
   /** Its body, as the bytes received: never a decoded and re-encoded string. */
@@ -338,10 +340,10 @@ RETURNING nonce`;
  * call while it is remembered. Commits on its own (the executor is a pool or
  * an autocommit client), so two verifiers racing on one nonce see one winner.
  */
-export async function useNonce(db: Executor, nonce: string, timestamp: Date, options: VerifyOptions = {}): Promise<boolean> {
+export async function useNonce(db: Transactional, nonce: string, timestamp: Date, options: VerifyOptions = {}): Promise<boolean> {
   const tolerance = options.toleranceMs ?? DEFAULT_TOLERANCE_MS;
   const expires = new Date(timestamp.getTime() + 2 * tolerance);
-  const rows = await db.query(USE_NONCE_SQL, [nonce, expires, options.now ?? new Date()]);
+  const rows = await toExecutor(db).query(USE_NONCE_SQL, [nonce, expires, options.now ?? new Date()]);
   return rows.length === 1;
 }
 
@@ -352,12 +354,25 @@ export async function useNonce(db: Executor, nonce: string, timestamp: Date, opt
  * when the signature is valid, meant for this endpoint and fresh, so forged,
  * misdirected or stale requests cannot fill the table.
  *
+ * `db` is where the nonce is spent, as the rest of the API takes a database:
+ * a pg `Pool` or client, Neon's `Pool`, or a drizzle database, outside a
+ * transaction (the nonce must commit on its own, whatever the caller does
+ * next). Its role needs the grants of `outlive.used_nonces` (`outlive grants`).
+ *
  * Status to answer with when it fails: 401 for `missing`, `malformed`,
  * `outdated`, `wrong`, `misdirected` and `stale`; 403 for `replayed` (well
  * signed, but spent).
+ *
+ * ```ts
+ * const verified = await verifyNudge(pool, secret, request.headers.get(SIGNATURE_HEADER), {
+ *   method: request.method,
+ *   endpoints: ['https://jobs.example.com/hooks/rebuild'], // what the sender signs for, never the Host header
+ *   body: new Uint8Array(await request.arrayBuffer()),
+ * });
+ * ```
  */
 export async function verifyNudge(
-  db: Executor,
+  db: Transactional,
   secret: string,
   signature: string | null | undefined,
   request: SignedRequest,

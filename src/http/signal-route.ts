@@ -30,15 +30,12 @@
  */
 import { ConfigError, toError } from '../model/errors.js';
 import { MAX_OUTPUT_BYTES } from '../model/json.js';
-import { toExecutor } from '../db/executor.js';
 import { InvalidSignalError, signal, type SignalResult } from '../write/signal.js';
 import type { TickReport } from '../pass/tick.js';
-import { readBody } from './drain.js';
+import { answeringEndpoints, readBody } from './drain.js';
 import {
-  canonicalEndpoint,
   checkSecret,
   fromBase64,
-  parseEndpoints,
   SIGNATURE_HEADER,
   verifyNudge,
   type RejectReason,
@@ -216,7 +213,8 @@ export function checkSignalRouteOptions(options: SignalRouteOptions, where: stri
   return options;
 }
 
-function settingsOf(request: Request, env: FunctionsEnv, options: SignalRouteOptions): SignalSettings {
+function settingsOf(request: Request, inv: Invocation, options: SignalRouteOptions): SignalSettings {
+  const env = inv.env;
   // Secrets given in code were checked when the route was made (checkSignalRouteOptions).
   let secrets: readonly string[];
   if (options.secrets !== undefined) secrets = options.secrets;
@@ -233,10 +231,8 @@ function settingsOf(request: Request, env: FunctionsEnv, options: SignalRouteOpt
         'or OUTLIVE_DRAIN_SECRET for signals the app signs',
     );
   }
-  const configured = env[SIGNAL_URL_SETTING];
-  if (configured !== undefined && typeof configured !== 'string') throw new ConfigError(`outlive: ${SIGNAL_URL_SETTING} must be a string`);
-  const endpoints = configured ? parseEndpoints(configured, SIGNAL_URL_SETTING) : [canonicalEndpoint(request.url, 'the request URL')];
-  return { secrets, drainSecret, endpoints };
+  // Self-hosted without OUTLIVE_SIGNAL_URL: no endpoint, so outlive-signed calls are refused (providers' are not bound to a URL).
+  return { secrets, drainSecret, endpoints: answeringEndpoints(request, inv, SIGNAL_URL_SETTING) };
 }
 
 const REASONS: Record<SignalRejectReason, string> = {
@@ -244,7 +240,7 @@ const REASONS: Record<SignalRejectReason, string> = {
   malformed: 'malformed signature',
   outdated: `${SIGNATURE_HEADER} is v1, which this endpoint does not accept: update outlive in the app that signs`,
   wrong: 'signature does not match',
-  misdirected: `signature is for another endpoint: sign for the URL this endpoint answers as, or set ${SIGNAL_URL_SETTING} to the URL the app signs for`,
+  misdirected: `signature is for another endpoint: sign for the URL this endpoint answers as, or set ${SIGNAL_URL_SETTING} to the URL the app signs for (a self-hosted endpoint must set it)`,
   stale: 'signature timestamp is outside the allowed window',
   replayed: 'signature was already used',
   unconfigured: 'this endpoint has no secret for this kind of signature',
@@ -293,7 +289,7 @@ export async function handleSignal(request: Request, inv: Invocation, options: S
   if (request.method !== 'POST') return json(405, { error: 'use POST' }, { allow: 'POST' });
   let settings: SignalSettings;
   try {
-    settings = settingsOf(request, inv.env, options);
+    settings = settingsOf(request, inv, options);
   } catch (err) {
     inv.log('signal-misconfigured', { error: toError(err).message });
     return json(500, { error: 'the signal endpoint is not configured' });
@@ -341,7 +337,7 @@ export async function handleSignal(request: Request, inv: Invocation, options: S
       }
     } else {
       if (settings.drainSecret === null) return rejected('unconfigured', SIGNATURE_HEADER);
-      const verification = await verifyNudge(toExecutor(inv.pool), settings.drainSecret, headers.get(SIGNATURE_HEADER), {
+      const verification = await verifyNudge(inv.pool, settings.drainSecret, headers.get(SIGNATURE_HEADER), {
         method: request.method,
         endpoints: settings.endpoints,
         body,

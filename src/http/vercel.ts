@@ -162,6 +162,8 @@ async function open(tasksFor: TasksFor, options: RouteOptions, { background }: {
       tasks: tasksFor,
       budgetCeilingMs: vercelBudgetMs(options.maxDuration ?? VERCEL_MAX_DURATION_S, vercel?.deadline),
       runtime,
+      // Vercel routes by host; a self-hosted server's request URL is the client's Host header.
+      routedByHost: onVercel,
       webSocketConstructor: await webSocketClass(),
       write,
       ...(background && waitUntil ? { waitUntil } : {}),

@@ -1,11 +1,11 @@
 /**
  * The checks every door of outlive shares, one of each: names, whole
- * numbers, secrets' lengths, and how a schema's issues read in an error. A rule
+ * numbers, ids, secrets' lengths, and how a schema's issues read in an error. A rule
  * lives here once, so enqueue, a batch, a schedule, a pass and the CLI
  * cannot drift apart (they once did: a batch's key check missed the NUL
  * character enqueue refused).
  */
-import { ConfigError } from './errors.js';
+import { ConfigError, OutliveError } from './errors.js';
 import type { InputIssue } from './input-schema.js';
 
 /** What task, queue and schedule names may be: 1-200 of letters, digits and _ . : / -, not starting with a symbol. */
@@ -50,6 +50,25 @@ export function checkWhole(what: string, value: unknown, bounds: WholeBounds = {
     throw new ErrorType(`outlive: ${what} must be a whole number ${wholeRange(bounds)}, got ${typeof value === 'string' ? JSON.stringify(value) : String(value)}`.replace('  ', ' '));
   }
   return value;
+}
+
+/** The largest id a task or run can have: ids are PostgreSQL bigints. */
+const MAX_ID = 9_223_372_036_854_775_807n;
+
+/**
+ * Reads a task or run id as it arrives from a URL, the command line or an
+ * admin call: the id in canonical decimal, or null when no row can have it
+ * (0, or beyond a bigint), so the caller answers "not found" rather than
+ * passing the database a value it fails on. Anything that is not a whole
+ * number in decimal is refused with an error naming `kind`.
+ */
+export function parseId(kind: 'task' | 'run', text: unknown): string | null {
+  const digits = typeof text === 'number' && Number.isSafeInteger(text) ? String(text) : typeof text === 'bigint' ? text.toString() : text;
+  if (typeof digits !== 'string' || !/^[0-9]{1,100}$/.test(digits)) {
+    throw new OutliveError(`outlive: a ${kind} id is a positive whole number, got ${typeof text === 'string' ? JSON.stringify(text.slice(0, 100)) : typeof text}`);
+  }
+  const id = BigInt(digits);
+  return id >= 1n && id <= MAX_ID ? id.toString() : null;
 }
 
 /** Shortest secrets outlive accepts, by what they guard. */

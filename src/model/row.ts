@@ -6,11 +6,18 @@
  * their checks cannot drift apart.
  */
 import { InvalidEnqueueError } from './errors.js';
-import { storableText, unstorableJson, utf8Bytes } from './json.js';
+import { jsonBytesAtLeast, storableJson, storableText } from './json.js';
 import { checkMaxAttempts, MAX_TIMEOUT_MS, type AnyTask } from './task.js';
 import { checkName, formatIssues, isWhole } from './checks.js';
 import { resolveFlow, type RowFlow } from './limits.js';
+import { waitTask } from './wait.js';
 import { ASYNC_SCHEMA, ASYNC_SCHEMA_FIX, isInputSchema, validateNow } from './input-schema.js';
+
+/** Longest `delayMs` an enqueue takes: 100 years. Beyond some, the database's time arithmetic overflows. */
+export const MAX_DELAY_MS = 3_155_760_000_000;
+
+/** Earliest `runAt` an enqueue takes (the year 1): JavaScript's dates reach further back than PostgreSQL's. */
+const EARLIEST_RUN_AT = Date.parse('0001-01-01T00:00:00Z');
 
 /** Largest serialised input a task row accepts: 1 MiB. */
 export const MAX_INPUT_BYTES = 1_048_576;
@@ -74,13 +81,19 @@ export function prepareOptions(task: AnyTask, options: EnqueueOptions | EnqueueM
   if (!task || typeof task.name !== 'string' || !isInputSchema(task.input)) {
     throw new InvalidEnqueueError('outlive: enqueue needs a task made by defineTask()');
   }
+  // The name is checked as defineTask checks it (the built-in wait task's is reserved): a task object built by hand, or by another version, may carry any string.
+  try {
+    if (task !== waitTask) checkName('task', task.name);
+  } catch (err) {
+    throw new InvalidEnqueueError((err as Error).message.replace(/^outlive: /, 'outlive: cannot enqueue: '));
+  }
   const { runAt, delayMs = 0 } = options;
-  if (runAt !== undefined && (!(runAt instanceof Date) || Number.isNaN(runAt.getTime()))) {
-    fail(task, 'runAt must be a valid Date');
+  if (runAt !== undefined && (!(runAt instanceof Date) || Number.isNaN(runAt.getTime()) || runAt.getTime() < EARLIEST_RUN_AT)) {
+    fail(task, 'runAt must be a valid Date, from the year 1 on');
   }
   if (runAt !== undefined && options.delayMs !== undefined) fail(task, 'give runAt or delayMs, not both');
-  if (typeof delayMs !== 'number' || !Number.isFinite(delayMs) || delayMs < 0) {
-    fail(task, `delayMs must be a finite number of milliseconds >= 0, got ${String(delayMs)}`);
+  if (typeof delayMs !== 'number' || !Number.isFinite(delayMs) || delayMs < 0 || delayMs > MAX_DELAY_MS) {
+    fail(task, `delayMs must be a number of milliseconds from 0 to ${MAX_DELAY_MS} (100 years), got ${String(delayMs)}`);
   }
   const priority = options.priority ?? task.priority;
   if (!isWhole(priority, { min: -(2 ** 31 - 1), max: 2 ** 31 - 1 })) fail(task, 'priority must be a 32-bit whole number');
@@ -108,21 +121,16 @@ export function prepareOptions(task: AnyTask, options: EnqueueOptions | EnqueueM
  * from it. Throws before anything is written, for an asynchronous schema too.
  */
 export function serialiseInput(task: AnyTask, input: unknown): string {
+  // Plainly too big is refused first: before the schema walks it and JSON.stringify copies it.
+  const least = jsonBytesAtLeast(input, MAX_INPUT_BYTES);
+  if (least > MAX_INPUT_BYTES) fail(task, `input is at least ${least} bytes of JSON, over the limit of ${MAX_INPUT_BYTES}`);
   const result = validateNow(task.input, input);
   if (result === ASYNC_SCHEMA) fail(task, ASYNC_SCHEMA_FIX);
   if (result.issues) fail(task, `input does not match its schema: ${formatIssues(result.issues)}`);
-  let json: string | undefined;
-  try {
-    json = JSON.stringify(input);
-  } catch (err) {
-    fail(task, `input does not serialise to JSON (${(err as Error).message})`);
-  }
-  if (json === undefined) fail(task, 'input does not serialise to JSON (undefined)');
-  const bytes = utf8Bytes(json, MAX_INPUT_BYTES);
-  if (bytes > MAX_INPUT_BYTES) fail(task, `input is ${bytes} bytes of JSON, over the limit of ${MAX_INPUT_BYTES}`);
-  const why = unstorableJson(json);
-  if (why) fail(task, `input cannot be stored: ${why}`);
-  return json;
+  const stored = storableJson(input, MAX_INPUT_BYTES, true);
+  if (stored.why !== undefined) fail(task, `input ${stored.why}`);
+  if (stored.json === undefined) fail(task, 'input does not serialise to JSON (undefined)');
+  return stored.json;
 }
 
 function checkKey(task: AnyTask, key: unknown): string {

@@ -15,7 +15,7 @@
  * 0 ok, 1 the operation failed or found nothing, 2 bad usage or input,
  * 3 the database cannot be reached.
  */
-import { formatIssues } from '../model/checks.js';
+import { formatIssues, parseId } from '../model/checks.js';
 import { isInputSchema, validate } from '../model/input-schema.js';
 import { printable, quoted } from '../model/printable.js';
 import path from 'node:path';
@@ -369,9 +369,14 @@ function oneOf<S extends string>(what: string, allowed: readonly S[]) {
   };
 }
 
-function id(what: string) {
+/** A commander argument parser for ids: digits, or a usage error. An id no row can have is passed on, to be "not found". */
+function id(what: 'task' | 'run') {
   return (value: string): string => {
-    if (!/^[1-9][0-9]{0,18}$/.test(value)) throw new InvalidArgumentError(`expected a ${what} id (a positive whole number)`);
+    try {
+      parseId(what, value);
+    } catch {
+      throw new InvalidArgumentError(`expected a ${what} id (a positive whole number)`);
+    }
     return value;
   };
 }
@@ -430,7 +435,9 @@ function registerTasks(program: Command, io: CliIo): void {
     .option('--limit <n>', 'at most this many', wholeNumber(1), 50)
     .action(async (opts: DbOptions & { state?: TaskState; name?: string; queue?: string; run?: string; limit: number }) => {
       await withDb(opts, async (pool) => {
-        const tasks = await listTasks(pool, { state: opts.state, name: opts.name, queue: opts.queue, runId: opts.run, limit: opts.limit });
+        // A run id no row can have (beyond a bigint) matches nothing.
+        const runId = opts.run === undefined ? undefined : parseId('run', opts.run);
+        const tasks = runId === null ? [] : await listTasks(pool, { state: opts.state, name: opts.name, queue: opts.queue, runId, limit: opts.limit });
         if (opts.json) return printJson(io, tasks);
         if (tasks.length === 0) return io.out('no tasks match');
         const now = new Date();

@@ -18,6 +18,7 @@ import { CLAIM_FUNCTION, untilKeyWakes } from '../pass/claim.js';
 import { toExecutor } from '../db/executor.js';
 import { Listener } from './listener.js';
 import { ConfigError, toError } from '../model/errors.js';
+import { connectionSecrets, redactor, type Redact } from '../model/redact.js';
 import { applyRetention, retentionConfig, type RetentionOptions, type RetentionReport } from '../maintenance/retention.js';
 import { enqueueDue, isSchedule, ScheduleError, type AnySchedule, type EnqueueDueReport } from '../maintenance/schedule.js';
 import { taskRegistry, type AnyTask, type TaskList } from '../model/task.js';
@@ -62,6 +63,12 @@ export interface WorkerOptions {
    * does not deliver notifications). Default: the pool's own settings.
    */
   listenConnectionString?: string;
+  /**
+   * More secrets to blank out of the errors the worker stores in rows, beside
+   * the password and connection strings it is given (which are always
+   * blanked): an API key a handler's error might quote, say.
+   */
+  secrets?: readonly string[];
   /** application_name of the LISTEN connection, to find it in pg_stat_activity. Default "outlive-listener". */
   applicationName?: string;
   /** Reconnect backoff of the LISTEN connection. Default from 100 ms, doubling, up to 30 s. */
@@ -137,11 +144,11 @@ const consoleLogger: WorkerLogger = {
   error: (m) => console.error(m),
 };
 
-function printableLogger(logger: WorkerLogger): WorkerLogger {
+function printableLogger(logger: WorkerLogger, redact: Redact): WorkerLogger {
   return {
-    info: (m) => logger.info(printable(m)),
-    warn: (m) => logger.warn(printable(m)),
-    error: (m) => logger.error(printable(m)),
+    info: (m) => logger.info(printable(redact(m))),
+    warn: (m) => logger.warn(printable(redact(m))),
+    error: (m) => logger.error(printable(redact(m))),
   };
 }
 
@@ -181,6 +188,15 @@ export function createWorker(options: WorkerOptions): Worker {
   if (registry.size === 0) throw new ConfigError('outlive: createWorker needs at least one task in `tasks`');
 
   const concurrency = whole('concurrency', options.concurrency, 10);
+  // A driver's error may quote the connection string or its password; neither the rows nor the log may keep it.
+  const poolSettings = options.pool?.options as { connectionString?: unknown; password?: unknown } | undefined;
+  const redact = redactor([
+    ...connectionSecrets(options.connectionString),
+    ...connectionSecrets(options.listenConnectionString),
+    ...connectionSecrets(poolSettings?.connectionString),
+    poolSettings?.password,
+    ...(options.secrets ?? []),
+  ]);
   const pollIntervalMs = whole('pollIntervalMs', options.pollIntervalMs, 2_000);
   // Keys wake on their own clock only for tasks with flow control; no other worker asks when.
   const governed = [...registry.values()].some((t) => t.flow !== null);
@@ -202,8 +218,9 @@ export function createWorker(options: WorkerOptions): Worker {
   const applicationName = options.applicationName ?? 'outlive-listener';
   const queues = options.queues ? options.queues.map((q) => checkName('queue', q)) : undefined;
   // Schedule names read from rows, and errors quoting them, may hold control
-  // characters that would forge a log line or drive a terminal: escaped.
-  const log = printableLogger(options.logger ?? consoleLogger);
+  // characters that would forge a log line or drive a terminal: escaped. And
+  // an error may quote a secret, as in the rows: blanked out.
+  const log = printableLogger(options.logger ?? consoleLogger, redact);
   const owner = options.owner ?? 'worker';
 
   const stats: WorkerStats = {
@@ -318,6 +335,7 @@ export function createWorker(options: WorkerOptions): Worker {
           owner,
           recover,
           wakeups,
+          redact,
           signal: draining.signal,
           abort: abort.signal,
           ...(options.preparedStatements === undefined ? {} : { preparedStatements: options.preparedStatements }),

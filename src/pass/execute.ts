@@ -7,7 +7,7 @@ import { formatIssues } from '../model/checks.js';
 import { backoffDelay } from '../model/backoff.js';
 import type { ClaimedTask } from './claim.js';
 import { InvalidGraphError, NonRetriableError, RateLimitedError, RetryAfterError, SnoozeError, toError } from '../model/errors.js';
-import { MAX_OUTPUT_BYTES, storableText, unstorableJson, utf8Bytes } from '../model/json.js';
+import { MAX_OUTPUT_BYTES, storableJson, storableText } from '../model/json.js';
 import type { Executor } from '../db/executor.js';
 import { checkGraph } from '../model/graph.js';
 import { MAX_STEPS_PER_WRITE, prepareStep, type PreparedStep, type Step } from '../model/step.js';
@@ -133,20 +133,9 @@ export function failure(task: AnyTask | undefined, claimed: ClaimedTask, thrown:
 
 function serialiseOutput(value: unknown): string | null {
   if (value === undefined) return null;
-  let json: string | undefined;
-  try {
-    json = JSON.stringify(value);
-  } catch (err) {
-    throw new NonRetriableError(`output does not serialise to JSON (${toError(err).message})`);
-  }
-  if (json === undefined) return null;
-  const bytes = utf8Bytes(json, MAX_OUTPUT_BYTES);
-  if (bytes > MAX_OUTPUT_BYTES) {
-    throw new NonRetriableError(`output is ${bytes} bytes of JSON, over the limit of ${MAX_OUTPUT_BYTES}`);
-  }
-  const why = unstorableJson(json);
-  if (why) throw new NonRetriableError(`output cannot be stored: ${why}`);
-  return json;
+  const stored = storableJson(value, MAX_OUTPUT_BYTES);
+  if (stored.why !== undefined) throw new NonRetriableError(`output ${stored.why}`);
+  return stored.json ?? null;
 }
 
 /** Progress is written at most this often per attempt. */

@@ -8,6 +8,7 @@
  * attempt differs then).
  */
 import { OutliveError, toError } from '../model/errors.js';
+import type { Redact } from '../model/redact.js';
 import { entry, type Outcome } from './execute.js';
 import { MAX_SNOOZES } from '../model/task.js';
 import { inTransaction, toExecutor, type Executor, type PoolLike } from '../db/executor.js';
@@ -263,8 +264,9 @@ function settleWithRuns(pool: PoolLike, owner: string, outcomes: readonly Outcom
  * recovery) and fails the call once the others have landed, as
  * {@link SettleIncompleteError}.
  */
-export async function settle(pool: PoolLike, owner: string, outcomes: readonly Outcome[], now: Date | null): Promise<SettledRow[]> {
-  if (outcomes.length === 0) return [];
+export async function settle(pool: PoolLike, owner: string, given: readonly Outcome[], now: Date | null, redact?: Redact): Promise<SettledRow[]> {
+  if (given.length === 0) return [];
+  const outcomes = redact ? given.map((o) => redacted(o, redact)) : given;
   try {
     return await settleBatch(pool, owner, outcomes, now);
   } catch (err) {
@@ -295,19 +297,39 @@ export async function settle(pool: PoolLike, owner: string, outcomes: readonly O
         continue;
       }
       const err = toError(lastError);
-      const failed: Outcome = {
+      const failed: Outcome = redacted({
         id: outcome.id,
         runId: outcome.runId,
         attempt: outcome.attempt,
         ...(outcome.governed ? { governed: true as const } : {}),
         state: 'failed',
         error: entry(new Error(`could not record the outcome: ${err.message}`, { cause: err }), 0),
-      };
+      }, redact);
       rows.push(...(await settleBatch(pool, owner, [failed], now)));
     }
     if (unlanded) throw new SettleIncompleteError(unlanded, rows, kept);
     return rows;
   }
+}
+
+/**
+ * The outcome with the deployment's secrets blanked out of what its row will
+ * keep: the error's message and stack, and a rate limit's pause reason.
+ */
+function redacted(o: Outcome, redact: Redact | undefined): Outcome {
+  if (!redact) return o;
+  let out = o;
+  if ('error' in o) {
+    const { message, stack } = o.error;
+    const error = { ...o.error, message: redact(message) };
+    if (stack !== undefined) error.stack = redact(stack);
+    out = { ...o, error };
+  }
+  // The flow report is JSON: its strings are redacted before they are escaped, as the log's are.
+  if (typeof o.flow === 'string' && o.flow.includes('"pause"')) {
+    out = { ...out, flow: JSON.stringify(JSON.parse(o.flow), (_key, value: unknown) => (typeof value === 'string' ? redact(value) : value)) };
+  }
+  return out;
 }
 
 /** How often one outcome is tried when the database keeps choosing it as a deadlock's victim. */

@@ -7,6 +7,7 @@
  * commit (docs/benchmarks.md, "What moved it: settles batched by turn").
  */
 import type { PoolLike } from '../db/executor.js';
+import type { Redact } from '../model/redact.js';
 import type { Outcome } from './execute.js';
 import { settle, SettleIncompleteError, type SettledRow } from './settle.js';
 import type { PassSpan } from '../model/telemetry.js';
@@ -40,6 +41,8 @@ export class Settler {
     private readonly failed: (err: unknown) => void,
     /** The pass's span, each settle a child of it; null when nothing is traced. */
     private readonly trace: PassSpan | null = null,
+    /** Blanks the deployment's secrets out of the errors the rows keep. */
+    private readonly redact?: Redact,
   ) {}
 
   /** Outcomes pushed and not yet through a settle. */
@@ -70,7 +73,7 @@ export class Settler {
           let rows: SettledRow[];
           let kept = 0;
           try {
-            rows = await settle(this.pool, this.owner, batch, this.now);
+            rows = await settle(this.pool, this.owner, batch, this.now, this.redact);
           } catch (err) {
             // What landed is counted; the rest keep their leases for recovery.
             if (!(err instanceof SettleIncompleteError)) throw err;

@@ -8,6 +8,7 @@
  * through this one function.
  */
 import { checkWhole } from '../model/checks.js';
+import type { Redact } from '../model/redact.js';
 import { claim, type ClaimedTask } from './claim.js';
 import { ConfigError, OutliveError, toError } from '../model/errors.js';
 import { execute, HandBackError, handedBack } from './execute.js';
@@ -103,6 +104,13 @@ export interface TickOptions {
    * Default 1 s.
    */
   leaseCheckMs?: number;
+  /**
+   * Blanks the deployment's secrets out of the errors the pass stores in
+   * rows (`last_error`, `errors`), as its log does: a handler's error may
+   * quote a connection string or a token. The serverless entry points give
+   * the invocation's; the worker builds one from its connection strings.
+   */
+  redact?: Redact;
 }
 
 /** What one pass did. */
@@ -252,6 +260,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       dbError ??= err;
     },
     passSpan,
+    options.redact,
   );
   const leases = new LeaseWatch(exec, { owner, now, leaseMs, leaseGraceMs }, leaseCheckMs);
 

@@ -5,7 +5,7 @@
  */
 import { toExecutor, toStatementSql, type StatementSql, type Transactional } from '../db/executor.js';
 import { OutliveError } from '../model/errors.js';
-import { MAX_OUTPUT_BYTES, unstorableJson, utf8Bytes } from '../model/json.js';
+import { MAX_OUTPUT_BYTES, storableJson } from '../model/json.js';
 import { checkSignalKey, MAX_WAIT_MS } from '../model/wait.js';
 import { isWhole } from '../model/checks.js';
 import type { BatchingDatabase } from './batch.js';
@@ -46,18 +46,9 @@ export function signalStatement(key: string, payload: unknown, options: SignalOp
   }
   const keepMs = options.keepMs ?? DEFAULT_SIGNAL_KEEP_MS;
   if (!isWhole(keepMs, { min: 1, max: MAX_WAIT_MS })) throw new InvalidSignalError(`outlive: signal "${key}": keepMs must be a whole number from 1 to ${MAX_WAIT_MS}`);
-  let json: string | undefined;
-  try {
-    json = JSON.stringify(payload);
-  } catch (err) {
-    throw new InvalidSignalError(`outlive: signal "${key}": payload does not serialise to JSON (${(err as Error).message})`);
-  }
-  json ??= 'null';
-  const bytes = utf8Bytes(json, MAX_OUTPUT_BYTES);
-  if (bytes > MAX_OUTPUT_BYTES) throw new InvalidSignalError(`outlive: signal "${key}": payload is ${bytes} bytes of JSON, over the limit of ${MAX_OUTPUT_BYTES}`);
-  const why = unstorableJson(json);
-  if (why) throw new InvalidSignalError(`outlive: signal "${key}": payload cannot be stored: ${why}`);
-  return { text: SEND_SIGNAL_SQL, values: [key, id, json, keepMs] };
+  const stored = storableJson(payload, MAX_OUTPUT_BYTES);
+  if (stored.why !== undefined) throw new InvalidSignalError(`outlive: signal "${key}": payload ${stored.why}`);
+  return { text: SEND_SIGNAL_SQL, values: [key, id, stored.json ?? 'null', keepMs] };
 }
 
 /**

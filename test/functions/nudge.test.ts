@@ -4,7 +4,6 @@
  * the real database.
  */
 import { describe, expect, it } from 'vitest';
-import { toExecutor } from '../../src/db/executor.js';
 import {
   canonicalEndpoint,
   DEFAULT_TOLERANCE_MS,
@@ -19,7 +18,7 @@ import {
 import { freshDb } from '../support/db.js';
 
 const db = await freshDb();
-const exec = toExecutor(db.pool);
+const exec = db.pool;
 const SECRET = 's'.repeat(16) + crypto.randomUUID();
 const now = new Date('2026-03-01T12:00:00Z');
 const URL_ = 'https://jobs.example.com/drain';

@@ -126,6 +126,8 @@ const env: FunctionsEnv = {
   DATABASE_URL: db.url,
   OUTLIVE_SIGNAL_SECRETS: `${previous.secret},${current.secret}`,
   OUTLIVE_DRAIN_SECRET: DRAIN_SECRET,
+  // Off Vercel (no VERCEL=1) the request's Host is the client's: outlive-signed calls need the endpoint's URL set.
+  OUTLIVE_SIGNAL_URL: SIGNAL_URL,
   OUTLIVE_BUDGET_MS: '10000',
 };
 const lines: string[] = [];
@@ -235,6 +237,19 @@ describe('the Vercel signal route (POST, node-postgres)', () => {
     expect(await stepOf(run.id, 'w')).toMatchObject({ state: 'succeeded', output: 'yes' });
     const replay = await call(POST, body, headers);
     expect(replay).toMatchObject({ status: 401, json: { error: 'signature was already used' } });
+  });
+
+  it('self-hosted without OUTLIVE_SIGNAL_URL, never takes its endpoint from the Host header: outlive-signed calls are refused, providers\' taken', async () => {
+    const { OUTLIVE_SIGNAL_URL: _unset, ...selfHosted } = env;
+    const route = createSignalRoute(tasks, { env: selfHosted, write });
+    // Signed for another deployment's URL, sent here with that Host: the request URL is the signed one.
+    const body = JSON.stringify({ key: 'k-forged', payload: 'no' });
+    const forged = await call(route, body, { [SIGNATURE_HEADER]: await signNudge(DRAIN_SECRET, SIGNAL_URL, body) });
+    expect(forged).toMatchObject({ status: 401, json: { error: expect.stringMatching(/another endpoint.*self-hosted endpoint must set it/) } });
+    const run = await parkedRun('k-provider', 6);
+    const fromProvider = JSON.stringify({ key: 'k-provider', payload: 'yes' });
+    expect(await call(route, fromProvider, webhookHeaders(current.key, fromProvider))).toMatchObject({ status: 200, json: { delivered: 1 } });
+    expect(await stepOf(run.id, 'w')).toMatchObject({ state: 'succeeded', output: 'yes' });
   });
 
   it('answers at once with waitUntil, the pass handed to it', async () => {

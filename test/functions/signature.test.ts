@@ -17,10 +17,15 @@ const production = await freshDb();
 const SECRET = 's'.repeat(16) + crypto.randomUUID();
 const lines: string[] = [];
 
-/** A drain endpoint: `handleDrain` on an invocation over `db`, with the settings of `env`. */
-function drainOf(db: TestDb, env: FunctionsEnv = {}) {
+/**
+ * A drain endpoint: `handleDrain` on an invocation over `db`, with the
+ * settings of `env`, on a platform that routes by host (as Workers and Vercel
+ * do) unless `routedByHost` is false (a self-hosted server).
+ */
+function drainOf(db: TestDb, env: FunctionsEnv = {}, routedByHost = true) {
   const inv: Invocation = {
     platform: 'test',
+    routedByHost,
     env: { OUTLIVE_DRAIN_SECRET: SECRET, ...env },
     database: { driver: 'pg', connectionString: db.url, from: 'DATABASE_URL' },
     pool: db.pool as unknown as Invocation['pool'],
@@ -129,6 +134,23 @@ describe('the endpoint', () => {
         error: expect.stringMatching(/another endpoint/),
       });
     }
+  });
+
+  it('is never taken from the Host header of a self-hosted drain: it must be set (OUTLIVE_DRAIN_URL)', async () => {
+    // Two self-hosted deployments sharing the secret. A nudge captured for
+    // production is sent to the preview's server with production's Host:
+    // the URL the server builds is production's, but the drain is the preview's.
+    const captured = await capture(PRODUCTION);
+    const forged = await drainOf(preview, {}, false)(deliver(PRODUCTION, captured));
+    expect(forged.status).toBe(500);
+    expect(forged.json.error).toBe('the drain endpoint is not configured');
+    expect(lines.at(-1)).toContain('set OUTLIVE_DRAIN_URL to the URL the app nudges');
+    // Configured, each answers only as itself, whatever Host a request claims.
+    const previewDrain = drainOf(preview, { OUTLIVE_DRAIN_URL: PREVIEW }, false);
+    const refused = await previewDrain(deliver(PRODUCTION, captured));
+    expect({ status: refused.status, error: refused.json.error }).toEqual({ status: 401, error: expect.stringMatching(/another endpoint/) });
+    expect((await previewDrain(deliver('http://10.0.0.5:3000/api/drain', await capture(PREVIEW)))).status).toBe(200);
+    expect((await drainOf(production, { OUTLIVE_DRAIN_URL: PRODUCTION }, false)(deliver(PRODUCTION, captured))).status).toBe(200);
   });
 
   it('may be set (OUTLIVE_DRAIN_URL) to the URLs the drain answers as, when a proxy or rewrite changes what it sees', async () => {

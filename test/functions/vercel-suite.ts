@@ -10,9 +10,12 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Cron } from 'croner';
+import { z } from 'zod';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { enqueue } from '../../src/write/enqueue.js';
 import { defineSchedule } from '../../src/maintenance/schedule.js';
+import { defineTask } from '../../src/model/task.js';
+import { NonRetriableError } from '../../src/model/errors.js';
 import { nudge, signNudge, SIGNATURE_HEADER } from '../../src/http/nudge.js';
 import { createCronRoute, createDrainRoute, VERCEL_MAX_DURATION_S, vercelBudgetMs } from '../../src/http/vercel.js';
 import type { FunctionsEnv } from '../../src/http/invocation.js';
@@ -48,8 +51,12 @@ export async function vercelSuite(driver: DriverName): Promise<void> {
 
   const SECRET = Array.from(crypto.getRandomValues(new Uint8Array(32)), (b) => b.toString(16).padStart(2, '0')).join('');
   const CRON_SECRET = `cron-${crypto.randomUUID()}`;
+  /** Where the tests' drain requests arrive: the endpoint their signatures are for. */
+  const DRAIN_URL = 'https://app.example/api/drain';
   const env: FunctionsEnv = {
     DATABASE_URL: databaseUrl,
+    // Off Vercel (no VERCEL=1) the request's Host is the client's: the drain must be told its URL.
+    OUTLIVE_DRAIN_URL: DRAIN_URL,
     ...(wsProxy ? { NEON_WS_PROXY: wsProxy.address } : {}),
     OUTLIVE_DRAIN_SECRET: SECRET,
     CRON_SECRET,
@@ -98,9 +105,6 @@ export async function vercelSuite(driver: DriverName): Promise<void> {
 
   const cronRequest = (authorization?: string) =>
     new Request('https://app.example/api/cron', { headers: authorization ? { authorization } : {} });
-
-  /** Where the tests' drain requests arrive: the endpoint their signatures are for. */
-  const DRAIN_URL = 'https://app.example/api/drain';
 
   async function drainRequest(body = '', signature?: string, headers: Record<string, string> = {}) {
     return new Request(DRAIN_URL, {
@@ -364,7 +368,9 @@ export async function vercelSuite(driver: DriverName): Promise<void> {
     afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
     const drainUrl = async () => {
       await listening;
-      return `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/drain`;
+      const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/drain`;
+      env.OUTLIVE_DRAIN_URL = `${DRAIN_URL},${url}`;
+      return url;
     };
 
     it('is signed and sent after commit; the task has run when it returns', async () => {
@@ -385,9 +391,11 @@ export async function vercelSuite(driver: DriverName): Promise<void> {
     it('is delivered at once when the drain runs in waitUntil, however long the pass (longer than the nudge\'s 5 s)', async () => {
       // Three tasks of 2 s, one at a time: a pass of about 6 s.
       const slowWork: Promise<unknown>[] = [];
-      const slow = createDrainRoute(tasks, { env: { ...env, OUTLIVE_CONCURRENCY: '1' }, write, waitUntil: (work) => void slowWork.push(work) });
+      const slowEnv: FunctionsEnv = { ...env, OUTLIVE_CONCURRENCY: '1' };
+      const slow = createDrainRoute(tasks, { env: slowEnv, write, waitUntil: (work) => void slowWork.push(work) });
       const slowServer = serve(slow);
       await new Promise<void>((resolve) => slowServer.listen(0, '127.0.0.1', resolve));
+      slowEnv.OUTLIVE_DRAIN_URL = `http://127.0.0.1:${(slowServer.address() as AddressInfo).port}/api/drain`;
       try {
         const ids = (await Promise.all([20, 21, 22].map((n) => enqueue(db.pool, defs.record, { n, sleepMs: 2_000 })))).map((t) => t.id);
         const started = Date.now();
@@ -520,6 +528,36 @@ export async function vercelSuite(driver: DriverName): Promise<void> {
   });
 
   describe('secrets', () => {
+    it('are blanked out of the errors a drained task stores in its row, as they are in the log', async () => {
+      const DASHBOARD_TOKEN = `dash-${crypto.randomUUID()}`;
+      const leaky = defineTask({
+        name: 'fn-leaky',
+        input: z.object({}),
+        timeoutMs: 1_000,
+        retry: { maxAttempts: 2 },
+        async run(_input, ctx) {
+          // What a careless handler throws: the settings it failed with.
+          const err = new Error(`connect ${databaseUrl} as ${password} failed; token ${DASHBOARD_TOKEN}`);
+          if (ctx.attempt === 2) throw new NonRetriableError(err.message);
+          throw err;
+        },
+      });
+      const route = createDrainRoute(() => [leaky], { env: { ...env, OUTLIVE_DASHBOARD_TOKEN: DASHBOARD_TOKEN }, write });
+      const t = await enqueue(db.pool, leaky, {});
+      for (let attempt = 1; attempt <= 2; attempt++) {
+        await db.pool.query('UPDATE outlive.tasks SET run_at = now() WHERE id = $1', [t.id]);
+        const res = await call(route, await drainRequest());
+        expect(res.status, JSON.stringify([res.json, lines.slice(-3)])).toBe(200);
+      }
+      const { rows } = await db.pool.query<{ state: string; last_error: string; errors: unknown }>(
+        'SELECT state, last_error, errors FROM outlive.tasks WHERE id = $1', [t.id],
+      );
+      expect(rows[0]).toMatchObject({ state: 'failed', last_error: 'connect [redacted] as [redacted] failed; token [redacted]' });
+      const stored = JSON.stringify(rows[0]);
+      expect(stored).toContain('[redacted]');
+      for (const secret of [password, databaseUrl, DASHBOARD_TOKEN]) expect(stored.includes(secret)).toBe(false);
+    });
+
     it('never appear in a response or a log line', async () => {
       const broken = new URL(databaseUrl);
       broken.pathname = '/no_such_database';

@@ -15,7 +15,7 @@
  * route answers 401 and shows nothing. `/metrics` serves Prometheus text
  * (`./metrics.ts`) behind the same token.
  */
-import { MIN_SECRET_LENGTHS } from '../../model/checks.js';
+import { checkWhole, MIN_SECRET_LENGTHS, parseId } from '../../model/checks.js';
 import { cancelRun } from '../../admin/cancel.js';
 import { toError } from '../../model/errors.js';
 import { toPool, type Database } from '../../db/executor.js';
@@ -24,7 +24,7 @@ import { runGroups, runTimeline, runVersion } from '../../admin/run-view.js';
 import { secretsEqual } from '../nudge.js';
 import { retryRun, retryTask } from '../../admin/retry.js';
 import { FlowControlError, pauseKey, pauseQueue, resumeKey, resumeQueue } from '../../admin/flow.js';
-import { credentialOf, csrfValue, sameSiteForm, sessionCookie } from './auth.js';
+import { credentialOf, csrfValue, DEFAULT_SESSION_SECONDS, sameSiteForm, sessionCookie } from './auth.js';
 import { metricsResponse } from './metrics.js';
 import { limitsPage, messagePage, overviewPage, taskPage, type PageContext } from './pages.js';
 import { GRAPH_MAX_TASKS, runPage } from './run-page.js';
@@ -49,6 +49,12 @@ export interface DashboardOptions {
    * on `console.error`. Never given a secret.
    */
   log?: (message: string) => void;
+  /**
+   * How long a browser session lasts, in seconds: the cookie's Max-Age, and
+   * the age past which the server refuses it whatever the browser kept.
+   * Default 43,200 (12 hours).
+   */
+  sessionSeconds?: number;
 }
 
 /** Shortest token the dashboard accepts: a guessable token is no protection. */
@@ -67,7 +73,13 @@ function page(status: number, body: string, headers: Record<string, string> = {}
   return new Response(body, { status, headers: { ...SECURITY_HEADERS, ...headers } });
 }
 
-function redirect(location: string, headers: Record<string, string> = {}): Response {
+/**
+ * A redirect to a path of this site. A path that starts with two slashes (or
+ * a slash and a backslash) would be read by a browser as another host
+ * (`//evil.example/`), so leading slashes are collapsed into one.
+ */
+function redirect(path: string, headers: Record<string, string> = {}): Response {
+  const location = path.replace(/^[/\\]+/, '/');
   return new Response(null, { status: 303, headers: { location, 'cache-control': 'no-store', ...headers } });
 }
 
@@ -99,7 +111,8 @@ const MAX_KEYS_SHOWN = 200;
 /** The longest pause the dashboard's form may ask for, in ms: 30 days. */
 const MAX_PAUSE_MS = 30 * 86_400_000;
 
-const ID = '([1-9][0-9]{0,18})';
+// Any digits: parseId says whether a row can have them (beyond a bigint, none can: 404).
+const ID = '([0-9]{1,100})';
 
 /**
  * Serves the dashboard for one request. Answers 404 for paths outside
@@ -113,6 +126,7 @@ export async function handleDashboard(request: Request, db: Database, options: D
   }
   const path = url.pathname.slice(basePath.length) || '/';
   const token = options.token ?? '';
+  const sessionSeconds = checkWhole('dashboard option sessionSeconds', options.sessionSeconds ?? DEFAULT_SESSION_SECONDS, { min: 60, max: 31_536_000 });
   if (token.length < MIN_TOKEN_LENGTH) {
     return page(401, messagePage('Dashboard disabled', `Set OUTLIVE_DASHBOARD_TOKEN (at least ${MIN_TOKEN_LENGTH} characters) to turn the dashboard on.`));
   }
@@ -122,10 +136,10 @@ export async function handleDashboard(request: Request, db: Database, options: D
   if (presented !== null && request.method === 'GET') {
     if (!secretsEqual(presented, token)) return page(401, messagePage('Unauthorized', 'That token is not the dashboard\'s token.'));
     url.searchParams.delete('token');
-    return redirect(url.pathname + url.search, { 'set-cookie': await sessionCookie(token, basePath, url.protocol === 'https:') });
+    return redirect(url.pathname + url.search, { 'set-cookie': await sessionCookie(request, token, basePath, sessionSeconds) });
   }
 
-  const credential = await credentialOf(request, token);
+  const credential = await credentialOf(request, token, sessionSeconds);
   if (credential === null) {
     return page(401, messagePage('Unauthorized', 'Open the dashboard with ?token=… or send Authorization: Bearer ….'), {
       'www-authenticate': 'Bearer realm="outlive dashboard"',
@@ -158,7 +172,7 @@ export async function handleDashboard(request: Request, db: Database, options: D
     if (m) return await runRoute(request, db, ctx, m[1]!, url.searchParams);
     m = new RegExp(`^/tasks/${ID}$`).exec(path);
     if (m) {
-      const task = await getTask(db, m[1]!);
+      const task = await getTask(db, m[1]!); // null for an id beyond a bigint, as for one with no row
       if (!task) return page(404, messagePage('Not found', `There is no task ${m[1]}.`));
       return page(200, taskPage(ctx, task));
     }
@@ -197,7 +211,9 @@ async function fresh(request: Request, ctx: PageContext, data: unknown, render: 
 /** Steps a run page lists at once. */
 const STEPS_PER_PAGE = 100;
 
-async function runRoute(request: Request, db: Database, ctx: PageContext, id: string, params: URLSearchParams): Promise<Response> {
+async function runRoute(request: Request, db: Database, ctx: PageContext, raw: string, params: URLSearchParams): Promise<Response> {
+  const id = parseId('run', raw);
+  if (id === null) return page(404, messagePage('Not found', `There is no run ${raw}.`));
   const search = { prefix: (params.get('step') ?? '').slice(0, 500), after: (params.get('after') ?? '').slice(0, 500) };
   const version = await runVersion(db, id);
   if (!version) return page(404, messagePage('Not found', `There is no run ${id}.`));
