@@ -58,7 +58,7 @@ const WINDOW_END_SQL = `SELECT pg_catalog.min(w.id)::text AS last, pg_catalog.co
 // Every match in the given states (an index's leading states: the
 // unfinished index's, or tasks_state_finished_idx's with finished_at), not a window's.
 const IDS_SQL = (finished: boolean, plain: boolean) => `SELECT t.id::text AS id FROM outlive.tasks t
-WHERE t.state OPERATOR(pg_catalog.=) ANY ($1::outlive.task_state[]) ${finished ? 'AND t.finished_at IS NOT NULL' : ''} ${plain ? 'AND t.run_id IS NULL' : ''}
+WHERE t.state OPERATOR(pg_catalog.=) ANY ($1::outlive.task_state[]) ${finished ? 'AND t.finished_at IS NOT NULL' : 'AND t.finished_at IS NULL'} ${plain ? 'AND t.run_id IS NULL' : ''}
   AND ($2::bigint IS NULL OR t.id OPERATOR(pg_catalog.<) $2) AND ${filters(4)}
 ORDER BY t.id DESC LIMIT $3`;
 

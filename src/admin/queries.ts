@@ -67,20 +67,20 @@ export interface QueueDepth {
 // and the run_at of its oldest ready row; at most $2 queues.
 const DEPTHS_SQL = `
 WITH RECURSIVE q(queue) AS (
-  (SELECT t.queue FROM outlive.tasks t WHERE t.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[]) ORDER BY t.queue LIMIT 1)
+  (SELECT t.queue FROM outlive.tasks t WHERE t.finished_at IS NULL ORDER BY t.queue LIMIT 1)
   UNION ALL
   SELECT (SELECT t.queue FROM outlive.tasks t
-          WHERE t.state OPERATOR(pg_catalog.=) ANY (ARRAY['pending', 'running']::outlive.task_state[]) AND t.queue OPERATOR(pg_catalog.>) q.queue
+          WHERE t.finished_at IS NULL AND t.queue OPERATOR(pg_catalog.>) q.queue
           ORDER BY t.queue LIMIT 1)
   FROM q WHERE q.queue IS NOT NULL
 )
 SELECT q.queue,
        (SELECT pg_catalog.count(*)::int FROM (SELECT 1 FROM outlive.tasks t
-          WHERE t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'pending' LIMIT $1) x) AS pending,
+          WHERE t.finished_at IS NULL AND t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'pending' LIMIT $1) x) AS pending,
        (SELECT pg_catalog.count(*)::int FROM (SELECT 1 FROM outlive.tasks t
-          WHERE t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'running' LIMIT $1) x) AS running,
+          WHERE t.finished_at IS NULL AND t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'running' LIMIT $1) x) AS running,
        (SELECT t.run_at FROM outlive.tasks t
-        WHERE t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'pending'
+        WHERE t.finished_at IS NULL AND t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'pending'
           AND t.run_at OPERATOR(pg_catalog.<=) coalesce($3::timestamptz, pg_catalog.now()) AND t.waiting_on OPERATOR(pg_catalog.=) 0
         ORDER BY t.run_at LIMIT 1) AS oldest_ready_at
 FROM q WHERE q.queue IS NOT NULL ORDER BY q.queue LIMIT $2`;

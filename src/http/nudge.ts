@@ -437,9 +437,10 @@ export interface NudgeResult {
  * that is not absolute, or an `endpoint` option that is neither a URL nor an id.
  *
  * The signature covers the URL it is sent to (or `options.endpoint`), so the
- * drain must answer as that URL: by default it takes the URL a request
- * arrives at, and `OUTLIVE_DRAIN_URL` on the drain lists others when a proxy
- * or a rewrite changes it.
+ * drain must answer as that URL: on Workers and Vercel it takes the URL a
+ * request arrives at, and `OUTLIVE_DRAIN_URL` on the drain lists others when
+ * a proxy or a rewrite changes it; a self-hosted drain answers only as the
+ * URLs `OUTLIVE_DRAIN_URL` lists, so nudge one of those.
  */
 export async function nudge(url: string, secret: string, body: string | object = '', options: NudgeOptions = {}): Promise<NudgeResult> {
   // Configuration mistakes throw: a nudge that can never be delivered is a bug, not a lost message.

@@ -23,6 +23,8 @@ export async function POST(request: Request): Promise<Response> {
     client.release();
   }
   // After the commit: wake the drain. A lost nudge costs only latency (the cron picks the task up).
-  after(() => nudge(new URL('/api/drain', request.url).toString(), process.env.OUTLIVE_DRAIN_SECRET!));
+  // Self-hosted, the drain answers only as OUTLIVE_DRAIN_URL: nudge that URL, not one built from this request.
+  const drain = process.env.OUTLIVE_DRAIN_URL || new URL('/api/drain', request.url).toString();
+  after(() => nudge(drain, process.env.OUTLIVE_DRAIN_SECRET!));
   return Response.json({ taskId }, { status: 201 });
 }
