@@ -34,23 +34,7 @@ import {
   type Telemetry,
 } from '../model/telemetry.js';
 
-export { setTelemetry, telemetry, MAX_TRACE_CONTEXT };
-export type {
-  Telemetry,
-  SendInfo,
-  SendSpan,
-  PassSpan,
-  AttemptSpan,
-  SettleSpan,
-  WaitsSpan,
-  AttemptInfo,
-  AttemptDetail,
-  AttemptEnd,
-  AttemptRecord,
-  AttemptOutcome,
-  SignalRecord,
-  TelemetryError,
-} from '../model/telemetry.js';
+// The hook's types and holder are the core's (`outlive`): this entry adds only what needs the API.
 
 /** Options of {@link instrument}. */
 export interface InstrumentOptions {
