@@ -182,13 +182,6 @@ export const tasks = outlive.table(
     // Retention walks finished rows by age; unfinished rows stay out of this
     // index so the planner never prefers it over the claim index.
     index('tasks_state_finished_idx').on(t.state, t.finishedAt).where(sql`${t.finishedAt} IS NOT NULL`),
-    // Unfinished rows by queue and state, in run_at order: the dashboard's
-    // counts by queue and state (bounded), each queue's oldest ready task
-    // (its lag) and its lists of pending and running tasks read here, not
-    // the history (docs/benchmarks.md, "The dashboard at scale"). Its
-    // predicate is finished_at, not the state, so the claim, whose WHERE names
-    // the state, can never choose it over tasks_claim_idx.
-    index('tasks_unfinished_idx').on(t.queue, t.state, t.runAt).where(sql`${t.finishedAt} is null`),
     // A release that counted a success off a row twice fails in the
     // statement that does it, instead of leaving a task no claim can match.
     check('tasks_waiting_on_check', sql`${t.waitingOn} >= 0`),

@@ -120,10 +120,17 @@ describe('lists, counts and bulk actions at scale', () => {
     expect(s.tasks.succeeded).toBe(1_000);
     expect(s.more!.tasks).toContain('succeeded');
     expect(s.queues.map((q) => q.queue)).toEqual(expect.arrayContaining(['default', 'imports', 'mail']));
-    // Under a cap no count reaches, the counts from indexes are the exact ones.
-    const [wide, exact] = await Promise.all([status(db.pool, { cap: 10_000_000 }), status(db.pool)]);
+    // Under a cap no count reaches, the counts from indexes are the exact
+    // ones, but for the steps of runs still waiting on others: no index of
+    // live rows holds them (one would cost every task an entry; they show on
+    // their run's page).
+    const [wide, exact, [blocked]] = await Promise.all([
+      status(db.pool, { cap: 10_000_000 }),
+      status(db.pool),
+      db.rows<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.tasks WHERE state = 'pending' AND waiting_on > 0`),
+    ]);
     expect(wide.more).toEqual({ tasks: [], runs: [] });
-    expect(wide.tasks).toEqual(exact.tasks);
+    expect(wide.tasks).toEqual({ ...exact.tasks, pending: exact.tasks.pending - blocked!.n });
     expect(wide.runs).toEqual(exact.runs);
     expect(wide.failedLastHour).toBe(exact.failedLastHour);
     const { body } = await get('/?refresh=0');

@@ -55,8 +55,8 @@ WHERE ${filters(3)} ORDER BY t.id DESC LIMIT $10`;
 
 const WINDOW_END_SQL = `SELECT pg_catalog.min(w.id)::text AS last, pg_catalog.count(*)::int AS n FROM (${WINDOW}) w`;
 
-// Every match in the given states (an index's leading states: the
-// unfinished index's, or tasks_state_finished_idx's with finished_at), not a window's.
+// Every match in the given states (finished ones by tasks_state_finished_idx;
+// pending and running, which few rows are, along the primary key), not a window's.
 const IDS_SQL = (finished: boolean, plain: boolean) => `SELECT t.id::text AS id FROM outlive.tasks t
 WHERE t.state OPERATOR(pg_catalog.=) ANY ($1::outlive.task_state[]) ${finished ? 'AND t.finished_at IS NOT NULL' : 'AND t.finished_at IS NULL'} ${plain ? 'AND t.run_id IS NULL' : ''}
   AND ($2::bigint IS NULL OR t.id OPERATOR(pg_catalog.<) $2) AND ${filters(4)}
@@ -87,9 +87,8 @@ export async function browseTasks(db: Database, query: TaskQuery, options: { bef
  * `limit`, before the id `before`, newest first: the rows a bulk action
  * works through a batch at a time, each batch by its own guarded statement.
  * Unlike a list page it reads on until it has `limit` ids (or the table
- * ends), so a bulk action's count is of every match; `states` should name an
- * index's leading states (the unfinished index, or tasks_state_finished_idx);
- * `outsideRuns` keeps tasks of runs out.
+ * ends), so a bulk action's count is of every match; `outsideRuns` keeps
+ * tasks of runs out.
  */
 export async function matchingIds(
   db: Database,

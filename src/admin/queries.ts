@@ -3,6 +3,7 @@
  * stuck, what failed. The CLI and the dashboard share them, so both tell the
  * same story. Every function takes any {@link Database} (a pg or Neon pool).
  */
+import { METRICS_STATEMENTS, metricsParams } from './metrics.js';
 import { parseId } from '../model/checks.js';
 import { WAIT_TASK } from '../model/wait.js';
 import { MAX_SNOOZES } from '../model/task.js';
@@ -50,9 +51,10 @@ export interface StatusReport {
   now: Date;
 }
 
-/** A queue's unfinished tasks, counted from the index of unfinished rows (tasks_unfinished_idx), up to a cap. */
+/** A queue's unfinished tasks, counted from the indexes of live rows (those the claim reads), up to a cap. */
 export interface QueueDepth {
   queue: string;
+  /** Pending tasks the live rows' indexes hold (a run's steps still waiting on others are in none: not counted). */
   pending: number;
   running: number;
   /** True when a count stopped at the cap. */
@@ -62,44 +64,34 @@ export interface QueueDepth {
   oldestReadyAt: Date | null;
 }
 
-// The queues with unfinished tasks (a skip scan of tasks_unfinished_idx: one
-// probe per queue), each with its pending and running rows counted up to $1
-// and the run_at of its oldest ready row; at most $2 queues.
-const DEPTHS_SQL = `
-WITH RECURSIVE q(queue) AS (
-  (SELECT t.queue FROM outlive.tasks t WHERE t.finished_at IS NULL ORDER BY t.queue LIMIT 1)
-  UNION ALL
-  SELECT (SELECT t.queue FROM outlive.tasks t
-          WHERE t.finished_at IS NULL AND t.queue OPERATOR(pg_catalog.>) q.queue
-          ORDER BY t.queue LIMIT 1)
-  FROM q WHERE q.queue IS NOT NULL
-)
-SELECT q.queue,
-       (SELECT pg_catalog.count(*)::int FROM (SELECT 1 FROM outlive.tasks t
-          WHERE t.finished_at IS NULL AND t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'pending' LIMIT $1) x) AS pending,
-       (SELECT pg_catalog.count(*)::int FROM (SELECT 1 FROM outlive.tasks t
-          WHERE t.finished_at IS NULL AND t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'running' LIMIT $1) x) AS running,
-       (SELECT t.run_at FROM outlive.tasks t
-        WHERE t.finished_at IS NULL AND t.queue OPERATOR(pg_catalog.=) q.queue AND t.state OPERATOR(pg_catalog.=) 'pending'
-          AND t.run_at OPERATOR(pg_catalog.<=) coalesce($3::timestamptz, pg_catalog.now()) AND t.waiting_on OPERATOR(pg_catalog.=) 0
-        ORDER BY t.run_at LIMIT 1) AS oldest_ready_at
-FROM q WHERE q.queue IS NOT NULL ORDER BY q.queue LIMIT $2`;
-
 /** Each queue with unfinished tasks: pending and running counted up to `cap`, and when its oldest ready task became due. */
 export async function queueDepths(db: Database, options: { cap?: number; limit?: number; now?: Date } = {}): Promise<QueueDepth[]> {
   return readQueueDepths(exec(db), options.cap ?? COUNT_CAP, options.limit ?? 100, options.now ?? null);
 }
 
+// The metrics' statement of live rows (src/admin/metrics.ts): an index of
+// unfinished rows of its own would cost every task an entry at its enqueue
+// and its claim (docs/benchmarks.md, "The dashboard at scale").
 async function readQueueDepths(q: Executor, cap: number, limit: number, now: Date | null): Promise<QueueDepth[]> {
-  const rows = await q.query<{ queue: string; pending: number; running: number; oldest_ready_at: Date | null }>(DEPTHS_SQL, [cap + 1, limit, now]);
-  return rows.map((r) => ({
-    queue: r.queue,
-    pending: Math.min(r.pending, cap),
-    running: Math.min(r.running, cap),
-    pendingMore: r.pending > cap,
-    runningMore: r.running > cap,
-    oldestReadyAt: r.oldest_ready_at,
-  }));
+  const rows = await q.query<{ queue: string; ready: number; scheduled: number; running: number; waiting: number; lag_seconds: number; now_at: Date }>(
+    METRICS_STATEMENTS.depth,
+    metricsParams({ ...(now ? { now } : {}) }).depth,
+  );
+  const at = (now ?? new Date()).getTime();
+  return rows
+    .sort((a, b) => (a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0))
+    .slice(0, limit)
+    .map((r) => {
+      const pending = r.ready + r.scheduled + r.waiting;
+      return {
+        queue: r.queue,
+        pending: Math.min(pending, cap),
+        running: Math.min(r.running, cap),
+        pendingMore: pending > cap,
+        runningMore: r.running > cap,
+        oldestReadyAt: r.ready > 0 ? new Date(at - r.lag_seconds * 1000) : null,
+      };
+    });
 }
 
 /**
@@ -155,8 +147,9 @@ SELECT 'failed-hour', NULL,
 /**
  * {@link status} read from indexes only, whatever the history's size: every
  * count stops at `cap` (the states that reached it are in `more`), the
- * queues come from the index of unfinished rows, and their counts of
- * finished states are left at 0.
+ * queues and their pending and running come from the indexes of live rows
+ * (steps of runs still waiting on others are in none, so not in `pending`),
+ * and their counts of finished states are left at 0.
  */
 async function boundedStatus(q: Executor, cap: number): Promise<StatusReport> {
   const [depths, counts, readyByName, known, waited, paused, [clock]] = await Promise.all([
@@ -236,7 +229,8 @@ function zeroes<S extends string>(states: readonly S[]): Record<S, number> {
 /**
  * Counts by state and queue, the oldest ready task's wait, and the last
  * hour's failures. Exact, by reading every row; with `cap`, from indexes
- * only, each count stopping at the cap (see {@link StatusReport.more}).
+ * only, each count stopping at the cap (see {@link StatusReport.more}), and
+ * `pending` without the steps of runs still waiting on others.
  */
 export async function status(db: Database, options: { cap?: number } = {}): Promise<StatusReport> {
   const q = exec(db);

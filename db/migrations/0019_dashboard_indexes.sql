@@ -1,1 +1,0 @@
-CREATE INDEX "tasks_unfinished_idx" ON "outlive"."tasks" USING btree ("queue","state","run_at") WHERE "outlive"."tasks"."finished_at" is null;
