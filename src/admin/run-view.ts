@@ -39,9 +39,8 @@ export interface RunGroups {
 }
 
 // The group of a step: its name up to its first ':', else without its
-// trailing digits, else its whole name. No regular expression: one cost
-// 4 µs a row (0.4 s for 100,000 steps on the measuring machine), rtrim a
-// third of that (docs/benchmarks.md, "The dashboard at scale").
+// trailing digits, else its whole name; rtrim, not a regular expression,
+// which cost three times as much per row (docs/benchmarks.md, "The dashboard at scale").
 const GROUPS_SQL = `
 SELECT g.search, g.search OPERATOR(pg_catalog.<>) g.whole AS partial, g.state::text, pg_catalog.count(*)::int AS n,
        pg_catalog.min(g.id) FILTER (WHERE g.state OPERATOR(pg_catalog.=) 'failed')::text AS first_failed

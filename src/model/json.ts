@@ -15,10 +15,10 @@ export function utf8Bytes(text: string, limit: number): number {
 
 /**
  * A lower bound of the bytes of `value`'s JSON, counted without writing it:
- * the lengths of its strings (quoted) and keys, and a byte for each other value, stopping as
- * soon as it passes `limit`. So a 100 MB input is refused before
- * `JSON.stringify` copies it (and the encoder copies it again): 304 MB and
- * 1.6 s before, next to nothing now (scripts/input-size-memory.ts).
+ * the lengths of its strings (quoted) and keys, and a byte for each other
+ * value, stopping as soon as it passes `limit`: a huge input is refused
+ * before `JSON.stringify` copies it (docs/benchmarks.md, "Refusing an
+ * oversized input").
  */
 export function jsonBytesAtLeast(value: unknown, limit: number): number {
   let bytes = 0;

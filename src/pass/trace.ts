@@ -32,9 +32,8 @@ async function readTraces(db: Executor, ids: readonly string[]): Promise<Map<str
 /**
  * The reads of one pass's claimed rows, in the background: an attempt
  * starts as soon as it is claimed, and its span is ended once its row's
- * read is in. Measured on a drain of no-op tasks, awaiting the read before
- * starting the claimed tasks cost half the throughput (one more round trip
- * per claim; docs/benchmarks.md, "Tracing: what outlive/otel costs a drain").
+ * read is in: awaiting it would put a round trip between every claim and
+ * its starts (docs/benchmarks.md, "Tracing: what outlive/otel costs a drain").
  */
 export class TraceReads {
   private readonly byRow = new Map<string, ReadBatch>();
