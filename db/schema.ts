@@ -140,9 +140,13 @@ export const tasks = outlive.table(
       .on(t.priority.desc(), t.vt, t.id)
       .where(sql`${t.state} = 'pending' AND ${t.waitingOn} = 0 AND ${t.fairKey} IS NOT NULL AND ${t.vt} IS NOT NULL AND ${t.blockedOn} IS NULL`),
     // A fairness key's last turn, and a queue's first (outlive.fair_start).
-    index('tasks_fair_last_idx')
-      .on(t.queue, t.fairKey, t.vt)
-      .where(sql`${t.state} = 'pending' AND ${t.fairKey} IS NOT NULL AND ${t.vt} IS NOT NULL`),
+    // The key's index leaves rows unplaced (vt null) in, last in its order,
+    // so the key's probe cannot be answered from the queue's head index: a
+    // generic plan that guessed one key held the whole backlog walked all of
+    // another key's rows there on every enqueue (migration 0020).
+    index('tasks_fair_key_last_idx')
+      .on(t.queue, t.fairKey, t.vt.desc().nullsLast())
+      .where(sql`${t.state} = 'pending' AND ${t.fairKey} IS NOT NULL`),
     index('tasks_fair_head_idx')
       .on(t.queue, t.vt)
       .where(sql`${t.state} = 'pending' AND ${t.fairKey} IS NOT NULL AND ${t.vt} IS NOT NULL`),

@@ -519,6 +519,32 @@ describe('fair sharing', () => {
     expect((await order(db, 2)).sort()).toEqual(['big', 'small']);
   });
 
+  it("a key's enqueue reads a few index pages however many ready rows another key holds", async () => {
+    const db = await freshDb();
+    await enqueueMany(db.pool, page, Array.from({ length: 20_000 }, (_, n) => ({ customer: 'big', n })));
+    // Statistics that say one key holds every ready row: what a backlog's drain looks like to the planner.
+    await db.rows('ANALYZE outlive.tasks');
+    const client = await db.pool.connect();
+    const pagesRead = async (key: string) => {
+      const { rows } = await client.query<{ 'QUERY PLAN': [{ Plan: { 'Shared Hit Blocks': number; 'Shared Read Blocks': number } }] }>(
+        `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM outlive.fair_start('default', $1)`,
+        [key],
+      );
+      const { Plan } = rows[0]!['QUERY PLAN'][0];
+      return Plan['Shared Hit Blocks'] + Plan['Shared Read Blocks'];
+    };
+    try {
+      await pagesRead('warm'); // the connection's first call reads the catalog
+      // Its turn: after its own last row (none), so at the queue's head: two probes, not a walk of 'big's rows.
+      expect(await pagesRead('small')).toBeLessThan(50);
+      expect(await pagesRead('big')).toBeLessThan(50);
+    } finally {
+      client.release();
+    }
+    await enqueue(db.pool, page, { customer: 'small', n: 0 });
+    expect((await order(db, 2)).sort()).toEqual(['big', 'small']);
+  });
+
   it('a claim locks only the rows it takes: a concurrent claim takes the very next in turn, not one ten rows on', async () => {
     const db = await freshDb();
     await enqueueMany(db.pool, page, Array.from({ length: 30 }, (_, n) => ({ customer: 'big', n })));
