@@ -8,7 +8,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { enqueue, retryRun, tick } from '../src/index.js';
-import { handleDashboard } from '../src/http/dashboard/index.js';
+import { handleDashboard, pacedRefresh } from '../src/http/dashboard/index.js';
 import { browseTasks } from '../src/admin/browse.js';
 import { countBulk, runBulk } from '../src/admin/bulk.js';
 import { cancelTasks } from '../src/admin/cancel.js';
@@ -22,9 +22,9 @@ import { explode, greet, tasks } from './fixtures/cli-tasks.js';
 const db = await freshDb();
 const TOKEN = 'scale-test-token-0123456789';
 
-async function get(path: string, headers: Record<string, string> = {}): Promise<{ res: Response; body: string; cpuMs: number }> {
+async function get(path: string, headers: Record<string, string> = {}, on = db): Promise<{ res: Response; body: string; cpuMs: number }> {
   const start = process.cpuUsage();
-  const res = await handleDashboard(new Request(`http://dash.test/dashboard${path}`, { headers: { authorization: `Bearer ${TOKEN}`, ...headers } }), db.pool, { token: TOKEN });
+  const res = await handleDashboard(new Request(`http://dash.test/dashboard${path}`, { headers: { authorization: `Bearer ${TOKEN}`, ...headers } }), on.pool, { token: TOKEN });
   const body = await res.text();
   const used = process.cpuUsage(start);
   return { res, body, cpuMs: (used.user + used.system) / 1000 };
@@ -110,6 +110,32 @@ describe('a run page at scale', () => {
     const reopened = await get(`/runs/${done}`, { 'if-none-match': before });
     expect(reopened.res.status).toBe(200);
     expect(reopened.body).toMatch(/Run #\d+: fan-in of 100 <span class="badge state-running"/);
+  });
+});
+
+describe('the pages\' pace', () => {
+  it('refreshes a page less often the longer its reads take: an open page keeps the database busy at most 5 % of the time', async () => {
+    expect([10, 250, 251, 600, 1_000, 1_001].map((ms) => pacedRefresh(5, ms))).toEqual([5, 5, 10, 20, 20, 40]);
+    expect(pacedRefresh(0, 5_000)).toBe(0);
+    expect(pacedRefresh(5, 1e9)).toBe(3_600);
+
+    // The overview's reads held up 600 ms by a lock on a table it reads, on a database of its own.
+    const quiet = await freshDb();
+    const holder = await quiet.pool.connect();
+    try {
+      await holder.query('BEGIN');
+      await holder.query('LOCK TABLE outlive.schedules IN ACCESS EXCLUSIVE MODE');
+      const slow = get('/', {}, quiet);
+      await new Promise((r) => setTimeout(r, 600));
+      await holder.query('COMMIT');
+      const { body } = await slow;
+      const seconds = Number(/<meta http-equiv="refresh" content="(\d+)">/.exec(body)?.[1]);
+      expect(seconds).toBeGreaterThanOrEqual(20);
+      expect(body).toContain(`refreshes every ${seconds}s`);
+    } finally {
+      holder.release();
+    }
+    expect((await get('/', {}, quiet)).body).toContain('<meta http-equiv="refresh" content="5">');
   });
 });
 

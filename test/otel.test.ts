@@ -15,7 +15,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { defineTask, enqueue, enqueueMany, NonRetriableError, sleepStep, startRun, step, tick, waitFor } from '../src/index.js';
+import { defineTask, enqueue, enqueueMany, NonRetriableError, signal, sleepStep, startRun, step, tick, waitFor } from '../src/index.js';
 import { instrument, parseTraceContext, formatTraceContext, type Instrumentation } from '../src/otel/index.js';
 import { setTelemetry, telemetry } from '../src/model/telemetry.js';
 import { createCronRoute } from '../src/http/vercel.js';
@@ -260,6 +260,31 @@ describe('outlive/otel', () => {
     expect((await tick(db.pool, { tasks: [greet], budgetMs: 20_000 })).parked).toBe(2);
     const [waits] = named(spans.getFinishedSpans(), 'process $wait');
     expect(waits!.attributes).toMatchObject({ 'messaging.batch.message_count': 2, 'outlive.wait.keys': ['otel-key'], 'outlive.wait.parked': 2, 'outlive.wait.ended': 0 });
+  });
+
+  it('records the time from a signal that ended a wait to the start of the step after it, once', async () => {
+    const { metrics, reader } = traced();
+    await startRun(db.pool, 'otel-resume', { w: waitFor('otel-resume', { timeoutMs: 60_000 }), after: step(greet, { who: 'w' }, { after: ['w'] }) });
+    expect((await tick(db.pool, { tasks: [greet], budgetMs: 20_000 })).parked).toBe(1);
+    // A step after a wait that ended without its signal (its deadline) is not a resume by signal.
+    await startRun(db.pool, 'otel-nap', { nap: sleepStep({ ms: 1 }), after: step(greet, { who: 'nap' }, { after: ['nap'] }) });
+    expect(await signal(db.pool, 'otel-resume', { ok: true })).toMatchObject({ delivered: 1 });
+    const greeted = async () =>
+      (await db.rows<{ n: number }>(`SELECT count(*)::int AS n FROM outlive.tasks WHERE name = 'otel.greet' AND state = 'succeeded'`))[0]!.n;
+    // The nap's deadline comes a millisecond after it parks: a few passes end it and run what follows.
+    for (let i = 0; i < 10 && (await greeted()) < 2; i++) {
+      await new Promise((r) => setTimeout(r, 10));
+      await tick(db.pool, { tasks: [greet], budgetMs: 20_000 });
+    }
+    expect(await greeted()).toBe(2);
+
+    await reader.forceFlush();
+    const exported = metrics.getMetrics().at(-1)!.scopeMetrics.flatMap((s) => s.metrics);
+    const resume = exported.find((m) => m.descriptor.name === 'outlive.signal.resume_latency')!;
+    expect(resume.descriptor.unit).toBe('s');
+    const points = resume.dataPoints as { attributes: Record<string, unknown>; value: { count: number; min?: number } }[];
+    expect(points.map((p) => [p.attributes['messaging.destination.name'], p.value.count])).toEqual([['default', 1]]);
+    expect(points[0]!.value.min).toBeGreaterThanOrEqual(0);
   });
 
   it('a pass outlives an observer that throws when an attempt ends', async () => {

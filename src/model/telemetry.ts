@@ -57,6 +57,8 @@ export interface AttemptDetail {
   link: string | null;
   /** Time from when it was due to its claim, in ms; null when not known (a step of a run). */
   startLatencyMs: number | null;
+  /** A step after a wait its signal ended: time from that wait's end to this step's claim, in ms; null otherwise. */
+  resumeLatencyMs?: number | null;
 }
 
 /** How one attempt ended. */
@@ -114,10 +116,11 @@ export interface AttemptRecord {
   startLatencyMs: number | null;
 }
 
-/** A metric point: a wait resumed by its signal. */
+/** A metric point: a run resumed after a wait its signal ended. */
 export interface SignalRecord {
+  /** The queue of the step that resumed. */
   queue: string;
-  /** From the signal to the wait's end, in ms. */
+  /** From the wait's end by its signal to the claim of the step after it, in ms (what `/metrics` calls signal to resume). */
   latencyMs: number;
 }
 
@@ -130,7 +133,7 @@ export interface Telemetry {
   startSend(info: SendInfo): SendSpan;
   startPass(info: { owner: string; queues: readonly string[] | null }): PassSpan;
   attemptFinished(record: AttemptRecord): void;
-  /** A wait resumed by its signal: the point for a signal-to-resume metric; the pass does not call it yet (it does not read when a signal was sent). */
+  /** A step after a wait its signal ended started its first attempt: the point for a signal-to-resume metric. */
   signalResumed(record: SignalRecord): void;
   /** Exports what is buffered; the platforms' routes await it in `waitUntil`. Never rejects. */
   flush(): Promise<void>;

@@ -295,6 +295,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
         traces!.after(row.id, (detail) => {
           span.end({ ...end, detail: detail ?? null });
           observer!.attemptFinished({ task: row.name, queue: row.queue, outcome: end.outcome, durationMs: took, startLatencyMs: detail?.startLatencyMs ?? null });
+          if (detail?.resumeLatencyMs != null) observer!.signalResumed({ queue: row.queue, latencyMs: detail.resumeLatencyMs });
         });
       }
       avgHandlerMs = avgHandlerMs === null ? took : avgHandlerMs * 0.8 + took * 0.2;

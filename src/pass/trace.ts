@@ -8,21 +8,34 @@ import type { Executor } from '../db/executor.js';
 import type { AttemptDetail, AttemptOutcome, TelemetryError } from '../model/telemetry.js';
 import type { Outcome } from './execute.js';
 import type { ClaimedTask } from './claim.js';
+import { WAIT_TASK } from '../model/wait.js';
 
 /** One claimed task as its attempt's span needs it. A step's start latency is null: its due time is its release, not kept. */
 export type TraceOf = AttemptDetail;
 
-// By primary key, rows the claim just wrote. Renamed with its text (see PLAIN in settle.ts).
+// By primary key, rows the claim just wrote; for a step on its first
+// attempt, the end of a wait before it that a signal ended (its edges by
+// primary key), as /metrics reads it (src/admin/metrics.ts). Renamed with
+// its text (see PLAIN in settle.ts).
 const TRACE_OF_SQL = `
-SELECT id::text, trace_context, step,
-       CASE WHEN run_id IS NULL THEN (extract(epoch FROM started_at OPERATOR(pg_catalog.-) run_at) OPERATOR(pg_catalog.*) 1000)::float8 END AS latency_ms
-FROM outlive.tasks WHERE id OPERATOR(pg_catalog.=) ANY ($1::bigint[])`;
+SELECT t.id::text, t.trace_context, t.step,
+       CASE WHEN t.run_id IS NULL THEN (extract(epoch FROM t.started_at OPERATOR(pg_catalog.-) t.run_at) OPERATOR(pg_catalog.*) 1000)::float8 END AS latency_ms,
+       CASE WHEN t.run_id IS NOT NULL AND t.attempts OPERATOR(pg_catalog.=) 1 THEN (
+         SELECT (extract(epoch FROM t.started_at OPERATOR(pg_catalog.-) pg_catalog.max(w.finished_at)) OPERATOR(pg_catalog.*) 1000)::float8
+         FROM outlive.task_deps d JOIN outlive.tasks w ON w.id OPERATOR(pg_catalog.=) d.depends_on
+         WHERE d.task_id OPERATOR(pg_catalog.=) t.id AND w.name OPERATOR(pg_catalog.=) $2 AND w.state OPERATOR(pg_catalog.=) 'succeeded' AND w.signal IS NOT NULL) END AS resume_ms
+FROM outlive.tasks t WHERE t.id OPERATOR(pg_catalog.=) ANY ($1::bigint[])`;
 
 async function readTraces(db: Executor, ids: readonly string[]): Promise<Map<string, TraceOf>> {
   const into = new Map<string, TraceOf>();
   try {
-    const rows = await db.query<{ id: string; trace_context: string | null; step: string | null; latency_ms: number | null }>(TRACE_OF_SQL, [ids], 'outlive_trace_of_v1');
-    for (const r of rows) into.set(r.id, { link: r.trace_context, step: r.step, startLatencyMs: r.latency_ms === null ? null : Math.max(0, r.latency_ms) });
+    const rows = await db.query<{ id: string; trace_context: string | null; step: string | null; latency_ms: number | null; resume_ms: number | null }>(
+      TRACE_OF_SQL,
+      [ids, WAIT_TASK],
+      'outlive_trace_of_v2',
+    );
+    const ms = (v: number | null) => (v === null ? null : Math.max(0, v));
+    for (const r of rows) into.set(r.id, { link: r.trace_context, step: r.step, startLatencyMs: ms(r.latency_ms), resumeLatencyMs: ms(r.resume_ms) });
   } catch {
     // Telemetry never fails a pass: an attempt whose row was not read is traced without its link.
   }

@@ -41,7 +41,11 @@ export interface DashboardOptions {
   token: string | undefined;
   /** Where the dashboard lives, e.g. `/dashboard` (no trailing slash). Default `/dashboard`. */
   basePath?: string;
-  /** Seconds between the pages' automatic refreshes; 0 turns it off. Default 5. */
+  /**
+   * Seconds between the pages' automatic refreshes; 0 turns it off. Default 5.
+   * A page whose reads took longer than a twentieth of it refreshes at
+   * double, quadruple … the interval ({@link pacedRefresh}), and says so.
+   */
   refreshSeconds?: number;
   /**
    * Where to report an error the page hides: its message, plain text (the
@@ -158,6 +162,7 @@ export async function handleDashboard(request: Request, db: Database, options: D
       now: new Date(),
       flash: FLASH[url.searchParams.get('flash') ?? ''] ?? bulkFlash(url.searchParams),
     };
+    READS_FROM.set(ctx, Date.now());
     if (path === '/') {
       const [s, throughput, runs, failures, schedules] = await Promise.all([
         status(db, { cap: COUNT_CAP }), finishedPerMinute(db, 60), listRuns(db, { limit: 20 }), listFailures(db, 20), listSchedules(db),
@@ -174,11 +179,13 @@ export async function handleDashboard(request: Request, db: Database, options: D
     if (m) {
       const task = await getTask(db, m[1]!); // null for an id beyond a bigint, as for one with no row
       if (!task) return page(404, messagePage('Not found', `There is no task ${m[1]}.`));
+      pace(ctx);
       return page(200, taskPage(ctx, task));
     }
     if (path === '/tasks' || path === '/runs' || path === '/queues' || path === '/bulk') return await listRoute(request, db, ctx, path, url.searchParams);
     if (path === '/limits') {
       const [{ keys, total }, queues] = await Promise.all([listKeys(db, { limit: MAX_KEYS_SHOWN }), pausedQueues(db)]);
+      pace(ctx);
       return page(200, limitsPage(ctx, { keys, total, queues }));
     }
     return page(404, messagePage('Not found', 'There is nothing here.'));
@@ -189,6 +196,27 @@ export async function handleDashboard(request: Request, db: Database, options: D
   }
 }
 
+/** When each page's reads began: what {@link pace} measures. */
+const READS_FROM = new WeakMap<PageContext, number>();
+
+/**
+ * The refresh of a page whose reads took `readMs`: the configured interval,
+ * doubled until the reads take at most a twentieth of it, so an open page
+ * keeps the database busy at most 5 % of the time however large the run or
+ * table it shows. Doubling, not scaling, keeps the interval (and with it the
+ * page's ETag) the same from one refresh to the next.
+ */
+export function pacedRefresh(seconds: number, readMs: number): number {
+  let s = seconds;
+  while (s > 0 && s < 3_600 && readMs * 20 > s * 1_000) s *= 2;
+  return Math.min(s, 3_600);
+}
+
+function pace(ctx: PageContext): void {
+  const from = READS_FROM.get(ctx);
+  if (from !== undefined) ctx.refreshSeconds = pacedRefresh(ctx.refreshSeconds, Date.now() - from);
+}
+
 /**
  * Answers a page whose content follows from `data` and the page's context:
  * 304 when the browser holds that page already (its ETag, a hash of both;
@@ -196,6 +224,7 @@ export async function handleDashboard(request: Request, db: Database, options: D
  * kept), so an auto-refresh of an unchanged page sends no body and renders nothing.
  */
 async function fresh(request: Request, ctx: PageContext, data: unknown, render: () => string | Promise<string>): Promise<Response> {
+  pace(ctx);
   const shown = { data, csrf: ctx.csrf, flash: ctx.flash, refresh: ctx.refreshSeconds };
   const digest = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(JSON.stringify(shown)));
   const etag = `W/"${[...new Uint8Array(digest, 0, 12)].map((b) => b.toString(16).padStart(2, '0')).join('')}"`;
