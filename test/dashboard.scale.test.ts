@@ -12,7 +12,7 @@ import { handleDashboard, pacedRefresh } from '../src/http/dashboard/index.js';
 import { browseTasks } from '../src/admin/browse.js';
 import { countBulk, runBulk } from '../src/admin/bulk.js';
 import { cancelTasks } from '../src/admin/cancel.js';
-import { status } from '../src/admin/queries.js';
+import { listRuns, status } from '../src/admin/queries.js';
 import { explainSteps } from '../src/admin/explain.js';
 import { runGroups, runTimeline } from '../src/admin/run-view.js';
 import { insertRun, insertTasks } from '../scripts/local/rows-at-scale.js';
@@ -161,6 +161,24 @@ describe('lists, counts and bulk actions at scale', () => {
     expect(wide.failedLastHour).toBe(exact.failedLastHour);
     const { body } = await get('/?refresh=0');
     expect(body).toMatch(/data-state="succeeded">.*?<b>\d+\+<\/b>/s);
+  });
+
+  it('counts each listed run\'s tasks up to the cap; what is left comes exact from the run\'s row', async () => {
+    const runs = await listRuns(db.pool, { limit: 20, cap: 10_000 });
+    const rows = await db.rows<{ id: string; unfinished: number; total: number }>(
+      `SELECT r.id::text, r.unfinished, (SELECT count(*)::int FROM outlive.tasks t WHERE t.run_id = r.id) AS total FROM outlive.runs r`,
+    );
+    const big = rows.filter((r) => r.total > 10_000);
+    expect(big.length).toBeGreaterThan(0);
+    for (const row of rows) {
+      const listed = runs.find((r) => r.id === row.id)!;
+      expect(listed).toMatchObject({ unfinished: row.unfinished, capped: row.total > 10_000, total: Math.min(row.total, 10_000) });
+    }
+    // Without a cap (the CLI's list), the counts are exact.
+    const exact = await listRuns(db.pool, { limit: 20 });
+    expect(exact.find((r) => r.id === big[0]!.id)).toMatchObject({ total: big[0]!.total, capped: false });
+    const { body } = await get('/?refresh=0');
+    expect(body).toMatch(new RegExp(`data-run="${big[0]!.id}">.*?${big[0]!.unfinished.toLocaleString('en-US')} left of over 10,000`, 's'));
   });
 
   it('pages tasks by keyset, filtered and searched, and says when a page stopped at its window', async () => {

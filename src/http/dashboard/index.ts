@@ -165,7 +165,7 @@ export async function handleDashboard(request: Request, db: Database, options: D
     READS_FROM.set(ctx, Date.now());
     if (path === '/') {
       const [s, throughput, runs, failures, schedules] = await Promise.all([
-        status(db, { cap: COUNT_CAP }), finishedPerMinute(db, 60), listRuns(db, { limit: 20 }), listFailures(db, 20), listSchedules(db),
+        status(db, { cap: COUNT_CAP }), finishedPerMinute(db, 60), listRuns(db, { limit: 20, cap: COUNT_CAP }), listFailures(db, 20), listSchedules(db),
       ]);
       ctx.now = s.now;
       const data = { status: s, throughput, runs, failures, schedules };
@@ -285,7 +285,7 @@ async function listRoute(request: Request, db: Database, ctx: PageContext, path:
     const state = params.get('state') || undefined;
     if (state !== undefined && !(RUN_STATES as readonly string[]).includes(state)) return badRequest(`state must be one of ${RUN_STATES.join(', ')}`);
     const filter = { state: state as RunState | undefined, name: params.get('name')?.trim().slice(0, 500) || undefined };
-    const runs = await listRuns(db, { ...filter, before: before || null, limit: LIST_PAGE + 1 });
+    const runs = await listRuns(db, { ...filter, before: before || null, limit: LIST_PAGE + 1, cap: COUNT_CAP });
     const next = runs.length > LIST_PAGE ? runs[LIST_PAGE - 1]!.id : null;
     runs.length = Math.min(runs.length, LIST_PAGE);
     return fresh(request, ctx, { runs, next, filter, before }, () => runsPage(ctx, filter, runs, next, before || null));

@@ -10,7 +10,7 @@ import type { KeyState, QueueDepth, QueuePause, RunSummary } from '../../admin/q
 import { keyWait } from '../../admin/queries.js';
 import { RUN_STATES, TASK_STATES, type RunState, type TaskState } from '../../model/states.js';
 import { html, type Html } from './html.js';
-import { ago, badge, count, layout, progress, when, type PageContext } from './pages.js';
+import { ago, badge, count, layout, runRows, when, type PageContext } from './pages.js';
 
 /** The filter fields of a task list, as they travel in a URL or a form. */
 const FIELDS = ['state', 'name', 'queue', 'key', 'from', 'to', 'q'] as const;
@@ -114,11 +114,7 @@ export function runsPage(ctx: PageContext, filter: { state?: RunState; name?: st
   const body = html`<h1>Runs</h1>
 <form method="get" action="${ctx.basePath}/runs" class="filters"><label>state <select name="state"><option value="">any</option>${RUN_STATES.map((s) => html`<option value="${s}"${filter.state === s ? html` selected` : ''}>${s}</option>`)}</select></label>
 <label>name <input name="name" value="${filter.name ?? ''}" maxlength="500"></label> <input type="hidden" name="refresh" value="0"><button type="submit">Filter</button></form>
-${runs.length === 0
-    ? html`<p class="muted">No run matches.</p>`
-    : html`<table id="runs"><thead><tr><th>run</th><th>name</th><th>state</th><th>progress</th><th>failed</th><th>started</th><th>finished</th></tr></thead><tbody>
-${runs.map((r) => html`<tr data-run="${r.id}"><td><a href="${ctx.basePath}/runs/${r.id}">#${r.id}</a></td><td>${r.name}</td><td>${badge(r.state)}</td><td>${progress(r.done, r.total)}</td><td>${r.failed || ''}</td><td>${when(r.createdAt, ctx.now)}</td><td>${when(r.finishedAt, ctx.now)}</td></tr>`)}
-</tbody></table>`}
+${runRows(ctx, runs, 'No run matches.')}
 <p class="pager">${before ? html`<a href="${ctx.basePath}/runs?${String(p)}" data-page="first">newest</a> ` : ''}${next ? html`<a href="${ctx.basePath}/runs?${String(new URLSearchParams([...p, ['before', next]]))}" data-page="next">older →</a>` : ''}</p>`;
   return layout(ctx, 'Runs', body);
 }

@@ -90,11 +90,18 @@ ${ctx.refreshSeconds > 0 ? html`<meta http-equiv="refresh" content="${ctx.refres
 <main>${ctx.flash ? html`<div class="flash" role="status">${ctx.flash}</div>` : ''}${body}</main></body></html>`.value;
 }
 
-function runRows(ctx: PageContext, runs: readonly RunSummary[]): Html {
-  if (runs.length === 0) return html`<p class="muted">No runs yet.</p>`;
+/** A table of runs (the overview's, the runs list's); `empty` when there is none. */
+export function runRows(ctx: PageContext, runs: readonly RunSummary[], empty = 'No runs yet.'): Html {
+  if (runs.length === 0) return html`<p class="muted">${empty}</p>`;
   return html`<table id="runs"><thead><tr><th>run</th><th>name</th><th>state</th><th>progress</th><th>failed</th><th>started</th><th>finished</th></tr></thead><tbody>
-${runs.map((r) => html`<tr data-run="${r.id}"><td><a href="${ctx.basePath}/runs/${r.id}">#${r.id}</a></td><td>${r.name}</td><td>${badge(r.state)}</td><td>${progress(r.done, r.total)}</td><td>${r.failed || ''}</td><td>${when(r.createdAt, ctx.now)}</td><td>${when(r.finishedAt, ctx.now)}</td></tr>`)}
+${runs.map((r) => html`<tr data-run="${r.id}"><td><a href="${ctx.basePath}/runs/${r.id}">#${r.id}</a></td><td>${r.name}</td><td>${badge(r.state)}</td><td>${runProgress(r)}</td><td>${r.failed ? `${r.failed}${r.capped ? '+' : ''}` : ''}</td><td>${when(r.createdAt, ctx.now)}</td><td>${when(r.finishedAt, ctx.now)}</td></tr>`)}
 </tbody></table>`;
+}
+
+/** A run's progress; for one counted only up to the cap, what is left (exact, from its row) of how many at least. */
+function runProgress(r: RunSummary): Html {
+  if (!r.capped) return progress(r.done, r.total);
+  return html`<span class="progress" title="its run page has the counts">${r.unfinished.toLocaleString('en-US')} left of over ${r.total.toLocaleString('en-US')}</span>`;
 }
 
 function failureRows(ctx: PageContext, failures: readonly TaskSummary[]): Html {
