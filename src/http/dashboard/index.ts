@@ -203,8 +203,7 @@ const READS_FROM = new WeakMap<PageContext, number>();
  * The refresh of a page whose reads took `readMs`: the configured interval,
  * doubled until the reads take at most a twentieth of it, so an open page
  * keeps the database busy at most 5 % of the time however large the run or
- * table it shows. Doubling, not scaling, keeps the interval (and with it the
- * page's ETag) the same from one refresh to the next.
+ * table it shows.
  */
 export function pacedRefresh(seconds: number, readMs: number): number {
   let s = seconds;
@@ -224,8 +223,11 @@ function pace(ctx: PageContext): void {
  * kept), so an auto-refresh of an unchanged page sends no body and renders nothing.
  */
 async function fresh(request: Request, ctx: PageContext, data: unknown, render: () => string | Promise<string>): Promise<Response> {
-  pace(ctx);
+  // The configured interval, not the paced one: reads that took more or less
+  // time make no other page, so a browser keeps the one it holds, with the
+  // interval it came with (a weak ETag: equivalent, not identical, bodies).
   const shown = { data, csrf: ctx.csrf, flash: ctx.flash, refresh: ctx.refreshSeconds };
+  pace(ctx);
   const digest = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(JSON.stringify(shown)));
   const etag = `W/"${[...new Uint8Array(digest, 0, 12)].map((b) => b.toString(16).padStart(2, '0')).join('')}"`;
   // Kept by the browser but asked about each time; private: never by a shared cache.
