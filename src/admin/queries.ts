@@ -75,7 +75,7 @@ export async function queueDepths(db: Database, options: { cap?: number; limit?:
 async function readQueueDepths(q: Executor, cap: number, limit: number, now: Date | null): Promise<QueueDepth[]> {
   const rows = await q.query<{ queue: string; ready: number; scheduled: number; running: number; waiting: number; lag_seconds: number; now_at: Date }>(
     METRICS_STATEMENTS.depth,
-    metricsParams({ ...(now ? { now } : {}) }).depth,
+    metricsParams(now ? { now } : {}).depth,
   );
   const at = (now ?? new Date()).getTime();
   return rows

@@ -2,11 +2,7 @@
 
 const encoder = new TextEncoder();
 
-/**
- * Bytes of `text` as UTF-8, exact when it could be within `limit`. A text
- * longer than `limit` code units is over it whatever they encode to (each is
- * at least a byte): its length is returned, and it is not copied to be encoded.
- */
+/** Bytes of `text` as UTF-8, exact when it could be within `limit` (a longer text is over it uncounted). */
 export function utf8Bytes(text: string, limit: number): number {
   // A UTF-16 code unit is at most 3 bytes of UTF-8: short strings skip the encode.
   if (text.length * 3 <= limit || text.length > limit) return text.length;
@@ -26,7 +22,6 @@ export function jsonBytesAtLeast(value: unknown, limit: number): number {
   const stack: unknown[] = [value];
   while (stack.length > 0 && bytes <= limit) {
     const v = stack.pop();
-    // A value is at least a byte of JSON; a string, its characters and two quotes.
     bytes += typeof v === 'string' ? v.length + 2 : 1;
     if (typeof v === 'string') continue;
     if (v !== null && typeof v === 'object' && !seen.has(v)) {
@@ -49,10 +44,8 @@ export function jsonBytesAtLeast(value: unknown, limit: number): number {
 
 /**
  * A value as the JSON text PostgreSQL will store, or why it cannot be (a
- * phrase to follow the value's name: "is 2000000 bytes of JSON, over the
- * limit of 1048576"). Refuses a value plainly over `limit` before writing
- * its JSON, unless the caller has measured it already (`measured`). `json`
- * is undefined for a value JSON has no text for (undefined).
+ * phrase to follow the value's name). A value plainly over `limit` is
+ * refused before its JSON is written, unless the caller `measured` it.
  */
 export function storableJson(value: unknown, limit: number, measured = false): { json: string | undefined; why?: undefined } | { why: string } {
   const least = measured ? 0 : jsonBytesAtLeast(value, limit);

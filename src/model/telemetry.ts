@@ -1,10 +1,7 @@
 /**
- * Telemetry: the points where outlive tells an observer what it does (an
- * enqueue, a pass, an attempt, a settle), and the one holder of that
- * observer. The core never imports an OpenTelemetry package: `outlive/otel`
- * (src/otel/instrument.ts) implements this interface with `@opentelemetry/api`, so an
- * app without it installed, or a Worker bundled without it, imports outlive
- * unchanged. With no observer registered every point is one null check.
+ * Telemetry: the points where outlive tells an observer what it does, and
+ * the one holder of that observer. `outlive/otel` implements it with
+ * `@opentelemetry/api`, so the core imports no OpenTelemetry package.
  */
 
 /** How an attempt ended, as the settle will write it. */
@@ -47,17 +44,14 @@ export interface AttemptInfo {
   limitKeys: readonly string[] | null;
 }
 
-/**
- * What the pass reads of an attempt's row beside the claim, off the path
- * that starts it: known by the time the attempt's span ends.
- */
+/** What the pass reads of an attempt's row beside the claim: known by the time its span ends. */
 export interface AttemptDetail {
   step: string | null;
   /** The enqueue's trace context (`tasks.trace_context`), to link to; null for none. */
   link: string | null;
   /** Time from when it was due to its claim, in ms; null when not known (a step of a run). */
   startLatencyMs: number | null;
-  /** A step after a wait its signal ended: time from that wait's end to this step's claim, in ms; null otherwise. */
+  /** A step after a wait a signal ended: from the wait's end to this step's claim, in ms. */
   resumeLatencyMs?: number | null;
 }
 
@@ -116,11 +110,10 @@ export interface AttemptRecord {
   startLatencyMs: number | null;
 }
 
-/** A metric point: a run resumed after a wait its signal ended. */
+/** A metric point: the step after a wait a signal ended was claimed. */
 export interface SignalRecord {
-  /** The queue of the step that resumed. */
   queue: string;
-  /** From the wait's end by its signal to the claim of the step after it, in ms (what `/metrics` calls signal to resume). */
+  /** From the wait's end to the step's claim, in ms (`/metrics`' signal to resume). */
   latencyMs: number;
 }
 
