@@ -150,3 +150,47 @@ describe('a pass that returns', () => {
     expect(inFlight).toBe(0);
   });
 });
+
+describe('a pass that nothing can wake (cron, webhook)', () => {
+  it('runs what its last task enqueued, though a claim was in flight when that task finished', async () => {
+    await db.pool.query('DELETE FROM outlive.tasks');
+    // Claims after the first run against the database at once, but their
+    // rows reach the pass only when `release` is called: a claim whose
+    // snapshot came before the enqueue below and whose answer came after it.
+    let heldClaim: (() => void) | null = null;
+    let claimHeld: () => void = () => {};
+    const claimIsHeld = new Promise<void>((resolve) => (claimHeld = resolve));
+    let claims = 0;
+    const pool = {
+      connect: () => db.pool.connect(),
+      async query(textOrConfig: string | { text: string }, values?: unknown[]) {
+        const text = typeof textOrConfig === 'string' ? textOrConfig : textOrConfig.text;
+        const result = await db.pool.query(textOrConfig as never, values as never);
+        if (text.includes('outlive.claim_tasks') && ++claims === 2) {
+          await new Promise<void>((resolve) => {
+            heldClaim = resolve;
+            claimHeld();
+          });
+        }
+        return result;
+      },
+    };
+    const followUp = defineTask({ name: 'follow-up', input: z.object({}), run: () => 'done' });
+    const quick = defineTask({ name: 'quick', input: z.object({}), run: () => 'quick' });
+    const fanOut = defineTask({
+      name: 'fan-out',
+      input: z.object({}),
+      async run() {
+        // The pass asks again once `quick` has finished; that claim finds nothing yet.
+        await claimIsHeld;
+        await enqueue(db.pool, followUp, {});
+        setTimeout(() => heldClaim!(), 100);
+        return 'fanned out';
+      },
+    });
+    await enqueue(db.pool, quick, {});
+    await enqueue(db.pool, fanOut, {});
+    const report = await tick(pool, { tasks: [quick, fanOut, followUp], recover: false });
+    expect(report).toMatchObject({ claimed: 3, succeeded: 3 });
+  });
+});

@@ -228,10 +228,12 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
 
   let running = 0;
   // Counts what may have made work ready: a settle of a run's task (it may
-  // have released dependents) or of a retry, and wake-ups. The queue is dry
-  // while nothing has happened since a claim that began at that count came
-  // back short; counting, not a flag, so that what happens while a claim is
-  // in flight (a settle committing, a NOTIFY) is not lost when it returns.
+  // have released dependents) or of a retry, wake-ups, and, in a pass that
+  // nothing can wake, a handler finishing (it may have enqueued). The queue
+  // is dry while nothing has happened since a claim that began at that count
+  // came back short; counting, not a flag, so that what happens while a
+  // claim is in flight (a settle committing, a NOTIFY, an enqueue) is not
+  // lost when it returns.
   let readyCount = 0;
   let dryAt = -1;
   // A claim takes tasks with flow control only for free handlers
@@ -301,6 +303,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       avgHandlerMs = avgHandlerMs === null ? took : avgHandlerMs * 0.8 + took * 0.2;
       leases.untrack(row.id);
       running--;
+      if (!options.wakeups) readyCount++;
       settler.push(outcome);
       fill();
       progress();
@@ -438,13 +441,12 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       const left = maxTasks - report.claimed - buffer.length;
       const room = Math.min(capacity - running - buffer.length, left);
       const free = Math.min(concurrency - running - buffer.length, left);
-      // After a short claim, a pass that can be woken (the worker's) waits
-      // for a wake-up or a settle that may have made work ready: asking
-      // again after every finished task cost the worker one empty claim per
-      // lone task (401 claims for 200 tasks in the bench's latency phase).
-      // A pass that cannot be woken (a cron or webhook pass) asks again as
-      // its tasks finish, to run what they enqueued.
-      const wantPlain = room > 0 && (dryAt !== readyCount || !options.wakeups) &&
+      // After a short claim, a pass waits for something that may have made
+      // work ready: asking again after every finished task cost the worker
+      // one empty claim per lone task (401 claims for 200 tasks in the
+      // bench's latency phase). A pass that cannot be woken (a cron or
+      // webhook pass) counts its tasks' finishes, to run what they enqueued.
+      const wantPlain = room > 0 && dryAt !== readyCount &&
         (room >= Math.max(minBatch, capacity >> 1) || (running === 0 && buffer.length === 0));
       const wantGoverned = governedMore && free >= governedBatch;
       if (wantPlain || wantGoverned) {
