@@ -177,6 +177,26 @@ describe('roles of least privilege, each doing its part', () => {
     expect(before.filter((p) => p.includes('(') && /[{,]=X\//.test(p))).toEqual([]);
   });
 
+  it('migration 0021, which makes the claims again to return more columns, leaves each with the grants it had', async () => {
+    const before = await privileges();
+    const claims = before.filter((p) => /^outlive\.claim/.test(p));
+    expect(claims.filter((p) => p.includes(worker.name))).toHaveLength(4);
+    const sql = readFileSync(new URL('../db/migrations/0021_claim_returns_trace.sql', import.meta.url), 'utf8');
+    const c = await asMigrator.connect();
+    try {
+      await c.query('BEGIN');
+      await c.query('SET LOCAL search_path = pg_catalog, pg_temp');
+      await c.query(sql);
+      await c.query('COMMIT');
+    } finally {
+      c.release();
+    }
+    // Neither the worker locked out nor the claims opened to PUBLIC or the app.
+    expect(await privileges()).toEqual(before);
+    await expect(tick(asWorker, { tasks: [ok] })).resolves.toMatchObject({ stoppedBy: 'drained' });
+    expect(await refused(asApp, `SELECT * FROM outlive.claim_tasks(now(), 1000, NULL, 1, 'me', 1000, 1000, ARRAY['roles.ok'], NULL)`)).toMatch(/permission denied for function claim_tasks/);
+  });
+
   it('the app enqueues, deduplicates, batches and starts runs; it cannot change, delete or read others’ tasks, claim, or write elsewhere', async () => {
     const first = await enqueue(asApp, ok, { n: 1 }, { key: 'roles-1' });
     expect(await enqueue(asApp, ok, { n: 1 }, { key: 'roles-1' })).toMatchObject({ id: first.id, deduplicated: true });

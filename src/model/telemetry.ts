@@ -42,13 +42,14 @@ export interface AttemptInfo {
   runId: string | null;
   /** The limit keys it holds slots of. */
   limitKeys: readonly string[] | null;
-}
-
-/** What the pass reads of an attempt's row beside the claim: known by the time its span ends. */
-export interface AttemptDetail {
+  /** Its step key in a run; null for a task on its own. */
   step: string | null;
   /** The enqueue's trace context (`tasks.trace_context`), to link to; null for none. */
   link: string | null;
+}
+
+/** What the pass knows of an attempt once it ends: a step's resume latency is read beside the claim. */
+export interface AttemptDetail {
   /** Time from when it was due to its claim, in ms; null when not known (a step of a run). */
   startLatencyMs: number | null;
   /** A step after a wait a signal ended: from the wait's end to this step's claim, in ms. */
@@ -61,8 +62,7 @@ export interface AttemptEnd {
   durationMs: number;
   /** When it ended (ms since the epoch, as `performance.timeOrigin + performance.now()`): the span may end later. */
   endTime: number;
-  /** Null when its row could not be read. */
-  detail: AttemptDetail | null;
+  detail: AttemptDetail;
   error?: TelemetryError;
 }
 

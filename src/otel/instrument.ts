@@ -164,19 +164,16 @@ export function openTelemetry(options: InstrumentOptions = {}): Telemetry {
         };
         if (a.runId !== null) attributes['outlive.run.id'] = a.runId;
         if (a.limitKeys) attributes['outlive.limit.keys'] = [...a.limitKeys];
-        const span = tracer.startSpan(`process ${a.task}`, { kind: api.SpanKind.CONSUMER, attributes }, within);
+        if (a.step !== null) attributes['outlive.step.key'] = a.step;
+        // At the start, so a sampler sees it; the claim returned it (migration 0021).
+        const link = parseTraceContext(a.link);
+        const span = tracer.startSpan(`process ${a.task}`, { kind: api.SpanKind.CONSUMER, attributes, ...(link ? { links: [{ context: link }] } : {}) }, within);
         const active = api.trace.setSpan(within, span);
         return {
           run: <T>(fn: () => T): T => api.context.with(active, fn),
           end(e: AttemptEnd) {
             span.setAttribute('outlive.outcome', e.outcome);
-            const d = e.detail;
-            if (d?.step != null) span.setAttribute('outlive.step.key', d.step);
-            if (d?.startLatencyMs != null) span.setAttribute('outlive.start_latency_ms', d.startLatencyMs);
-            // Read beside the claim, so added once known: the attempt did not wait for it.
-            // Span.addLink came in API 1.9; on an older API the span goes without its link.
-            const link = parseTraceContext(d?.link ?? null);
-            if (link && typeof span.addLink === 'function') span.addLink({ context: link });
+            if (e.detail.startLatencyMs !== null) span.setAttribute('outlive.start_latency_ms', e.detail.startLatencyMs);
             if (e.error) {
               span.recordException({ name: e.error.name, message: e.error.message, ...(e.error.stack ? { stack: e.error.stack } : {}) });
               span.setStatus({ code: api.SpanStatusCode.ERROR, message: e.error.message });

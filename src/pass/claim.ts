@@ -19,6 +19,13 @@ export interface ClaimedTask {
   fair_key: string | null;
   /** The limits it holds slots of while it runs (src/model/limits.ts); null for none. */
   limits: RowLimit[] | null;
+  // What its attempt's span and metrics need, so a traced pass reads nothing more (migration 0021).
+  /** The enqueue's W3C trace context; null for none. */
+  trace_context: string | null;
+  /** Its step key in a run; null for a task on its own. */
+  step: string | null;
+  /** Time from due to claimed, in ms; null for a step (its due time, its release, is not kept). */
+  start_latency_ms: number | null;
 }
 
 /** What one claim asks for. */
@@ -94,15 +101,17 @@ SET state = 'running',
     updated_at = coalesce($1::timestamptz, pg_catalog.now())
 FROM ready
 WHERE t.id OPERATOR(pg_catalog.=) ready.id AND t.state OPERATOR(pg_catalog.=) 'pending'
-RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.timeout_ms, t.run_id::text`;
+RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.timeout_ms, t.run_id::text,
+  t.trace_context, t.step,
+  CASE WHEN t.run_id IS NULL THEN pg_catalog.date_part('epoch', coalesce($1::timestamptz, pg_catalog.now()) OPERATOR(pg_catalog.-) t.run_at) OPERATOR(pg_catalog.*) 1000 END`;
 
 /**
  * What a pass sends to claim: a call of `outlive.claim_tasks` (migration
  * 0014), which claims tasks with flow control through
  * `outlive.claim_governed` and the others through `outlive.claim`, whose
  * body is CLAIM_SQL (migrations 0009, then 0010 with names, 0013 with its
- * search_path pinned, 0014 leaving governed rows and paused queues out), as
- * a named statement.
+ * search_path pinned, 0014 leaving governed rows and paused queues out,
+ * 0021 returning what telemetry needs), as a named statement.
  *
  * Named, so a connection parses and plans it once; CLAIM_SQL itself is not
  * prepared, because Postgres may switch a prepared statement to a generic

@@ -211,8 +211,8 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
     stoppedBy: 'drained',
   };
   let dbError: unknown = null;
-  // With telemetry registered, the pass is a span and reads each claim's
-  // trace contexts; without, these stay null and cost one check per task.
+  // With telemetry registered, the pass is a span and each attempt one;
+  // without, these stay null and cost one check per task.
   const observer = telemetry();
   const passSpan = observer?.startPass({ owner, queues }) ?? null;
   const traces = passSpan?.recording ? new TraceReads(exec) : null;
@@ -288,16 +288,18 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
       attempt: row.attempts,
       runId: row.run_id,
       limitKeys: row.limits ? row.limits.map((l) => l.k) : null,
+      step: row.step ?? null,
+      link: row.trace_context ?? null,
     });
     const run = () => execute(registry.get(row.name), row, { attempt: abort, db: exec, heartbeat: leases.heartbeat, owner });
     void (span ? span.run(run) : run()).then((outcome) => {
       const took = performance.now() - since;
       if (span) {
         const end = { outcome: outcomeOf(outcome), durationMs: took, endTime: performance.timeOrigin + performance.now(), error: errorOf(outcome) };
-        traces!.after(row.id, (detail) => {
-          span.end({ ...end, detail: detail ?? null });
-          observer!.attemptFinished({ task: row.name, queue: row.queue, outcome: end.outcome, durationMs: took, startLatencyMs: detail?.startLatencyMs ?? null });
-          if (detail?.resumeLatencyMs != null) observer!.signalResumed({ queue: row.queue, latencyMs: detail.resumeLatencyMs });
+        traces!.after(row, (detail) => {
+          span.end({ ...end, detail });
+          observer!.attemptFinished({ task: row.name, queue: row.queue, outcome: end.outcome, durationMs: took, startLatencyMs: detail.startLatencyMs });
+          if (detail.resumeLatencyMs != null) observer!.signalResumed({ queue: row.queue, latencyMs: detail.resumeLatencyMs });
         });
       }
       avgHandlerMs = avgHandlerMs === null ? took : avgHandlerMs * 0.8 + took * 0.2;
@@ -464,10 +466,7 @@ export async function tick(db: Database, options: TickOptions): Promise<TickRepo
           now,
           governedLimit,
         });
-        if (traces && rows.length > 0) {
-          const ids = rows.flatMap((r) => (r.name === WAIT_TASK ? [] : [r.id]));
-          if (ids.length > 0) traces.read(ids);
-        }
+        if (traces && rows.length > 0) traces.read(rows);
         const at = performance.now();
         const short = rows.length < limit;
         let governed = 0;
