@@ -27,7 +27,10 @@ export interface InvocationPool extends PoolLike {
   query<R = any>(text: string, params?: unknown[]): Promise<{ rows: R[]; rowCount: number | null }>;
   query(config: { name?: string; text: string; values?: unknown[] }): Promise<{ rows: unknown[] }>;
   end(): Promise<void>;
-  on(event: 'error', listener: (err: unknown) => void): unknown;
+  /** An idle client's error; both drivers' pools pass the client too. */
+  on(event: 'error', listener: (err: unknown, client?: object) => void): unknown;
+  /** A client given back, with the error it was given back with (the pool then ends it). */
+  on(event: 'release', listener: (err: unknown, client: object) => void): unknown;
 }
 
 /** The part of the `pg` module (node-postgres) outlive uses: its `Pool` class. Pass the module itself. */

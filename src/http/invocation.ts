@@ -195,11 +195,17 @@ export function openInvocation(env: FunctionsEnv, options: InvocationOptions): I
   });
   // An idle client that errors (the socket closed under it) must not crash
   // the isolate. Its message only: the client itself holds the cancel key.
-  // Once the pool is ending, its clients' errors are the ending itself
-  // (node-postgres on workerd: "Stream was cancelled." per client), not news.
+  // A client the pool ends on purpose errors as its socket closes
+  // (node-postgres on workerd: "Stream was cancelled."): once the pool is
+  // ending, and for a client given back with an error (a failed query's),
+  // that is the ending itself, not news.
   let ending = false;
-  pool.on('error', (err: unknown) => {
-    if (!ending) log('pool-error', { driver: database.driver, error: toError(err).message });
+  const ended = new WeakSet<object>();
+  pool.on('release', (err: unknown, client: object) => {
+    if (err) ended.add(client);
+  });
+  pool.on('error', (err: unknown, client?: object) => {
+    if (!ending && !(client && ended.has(client))) log('pool-error', { driver: database.driver, error: toError(err).message });
   });
   const built = options.tasks({ env, pool });
   const deployment: Deployment = Array.isArray(built) || built instanceof Map ? { tasks: built as TaskList } : (built as Deployment);

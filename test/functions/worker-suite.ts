@@ -139,6 +139,15 @@ export async function workerSuite(via: WorkerVia): Promise<void> {
       expect(await taskRow(db.pool, t.id)).toMatchObject({ state: 'succeeded' });
     });
 
+    it("logs no pool error for a handler's failed query: the pool ends that client itself", async () => {
+      const t = await enqueue(db.pool, defs.failedQuery, {});
+      const res = await drain(main);
+      expect(res.json.report).toMatchObject({ claimed: 1, succeeded: 1 });
+      expect(await effectsOf([t.id])).toEqual({ [t.id]: ['query failed'] });
+      await waitFor(async () => database.open === 0, 20_000, 'the pool to close');
+      expect(main.output()).not.toMatch(/"outlive":"(pool-error|pool-end-error|background-error)"/);
+    });
+
     it('refuses a replayed request with 403 and runs nothing', async () => {
       const first = await record(4);
       const signature = await signNudge(SECRET, main.url('/drain'), '');

@@ -67,6 +67,19 @@ export function definitions(db: Queryable | null) {
         return { attempt: ctx.attempt };
       },
     }),
+    /** Runs a query that fails, as a handler's own mistake, then records an effect. */
+    failedQuery: defineTask({
+      name: 'fn-failed-query',
+      input: z.object({}),
+      timeoutMs: 5_000,
+      async run(_input, ctx) {
+        const err = await db!.query('SELECT 1 / 0').then(
+          () => null,
+          (e: Error) => e,
+        );
+        await effect(ctx.taskId, err ? 'query failed' : 'query answered');
+      },
+    }),
     /** Declares a timeout longer than any test budget: never claimed by them. */
     long: defineTask({
       name: 'fn-long',
