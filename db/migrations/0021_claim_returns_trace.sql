@@ -1,7 +1,6 @@
 -- The claims return what an attempt's span and metrics need of its row
 -- (the enqueue's trace context, the step, how long it waited to start),
--- so a traced pass no longer reads each claim's rows back: that read cost
--- a traced drain of no-op tasks about a fifth of its throughput
+-- so a traced pass no longer reads each claim's rows back
 -- (docs/benchmarks.md, "Tracing: what outlive/otel costs a drain"). The
 -- bodies are those of 0014 and 0018 with three more columns returned. A
 -- function's columns cannot be changed in place, so each is dropped and
@@ -19,7 +18,7 @@ DROP FUNCTION outlive.claim(timestamptz, integer, text[], integer, text, integer
 -- The plain claim: CLAIM_SQL of src/pass/claim.ts, character for character
 -- (test/claim.test.ts). The start latency is for a task on its own; a
 -- step's due time is its release, which is not kept. date_part, not
--- extract: its float8 arithmetic cost a third of extract's numeric.
+-- extract: float8 arithmetic is cheaper than numeric on the claim's path.
 CREATE FUNCTION "outlive"."claim"(
   now_at timestamptz, max_timeout_ms integer, queues text[], claim_limit integer,
   owner text, lease_grace_ms integer, lease_ms integer, names text[]

@@ -19,7 +19,6 @@ export interface ClaimedTask {
   fair_key: string | null;
   /** The limits it holds slots of while it runs (src/model/limits.ts); null for none. */
   limits: RowLimit[] | null;
-  // What its attempt's span and metrics need, so a traced pass reads nothing more (migration 0021).
   /** The enqueue's W3C trace context; null for none. */
   trace_context: string | null;
   /** Its step key in a run; null for a task on its own. */
@@ -109,9 +108,7 @@ RETURNING t.id::text, t.name, t.queue, t.input, t.attempts, t.max_attempts, t.ti
  * What a pass sends to claim: a call of `outlive.claim_tasks` (migration
  * 0014), which claims tasks with flow control through
  * `outlive.claim_governed` and the others through `outlive.claim`, whose
- * body is CLAIM_SQL (migrations 0009, then 0010 with names, 0013 with its
- * search_path pinned, 0014 leaving governed rows and paused queues out,
- * 0021 returning what telemetry needs), as a named statement.
+ * body is CLAIM_SQL (as migration 0021 last defined it), as a named statement.
  *
  * Named, so a connection parses and plans it once; CLAIM_SQL itself is not
  * prepared, because Postgres may switch a prepared statement to a generic
